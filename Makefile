@@ -1,0 +1,56 @@
+# llamafleet: the two commands of the README are `make demo` and `make test`.
+# Everything they need is installed or built here; builds and models are cached outside the checkout
+# (~/.cache/llamafleet, or $LLAMAFLEET_CACHE), so a second run reuses them.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: help venv bed build-server models lint types check test test-fast demo crds clean
+
+help:
+	@echo "make demo   - build or reuse llama-server and a tiny model, run the demo"
+	@echo "make test   - lint, type-check and run the whole test suite against real processes"
+	@echo "make test-fast - only the tests that need no llama-server (pytest -m 'not llama')"
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check -U pip
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev]'
+	touch $@
+
+venv: $(VENV)/.installed
+
+build-server: venv
+	$(VENV)/bin/llamafleet build-server
+
+models: venv
+	$(VENV)/bin/llamafleet models
+
+# The real test bed: the llama-server binary and the tiny GGUF models (both cached).
+bed: build-server models
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
+
+types: venv
+	$(VENV)/bin/mypy
+
+check: lint types
+
+crds: venv
+	$(PY) -m llamafleet_core.crd.generate
+
+test: bed check
+	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+test-fast: venv
+	$(VENV)/bin/pytest -m "not llama" $(PYTEST_ARGS)
+
+demo: bed
+	$(VENV)/bin/llamafleet demo
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache results runs

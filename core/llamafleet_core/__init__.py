@@ -1,0 +1,1 @@
+"""llamafleet_core: what the router, the agent and the operator share, and nothing else."""

