@@ -1,0 +1,195 @@
+"""The `LlamaFleet` custom resource: a set of identical llama-server pods serving one model.
+
+Every field that changes the KV cache layout (cache types, flash attention, unified KV, slot count) is
+pinned, never left to `auto`: a snapshot restores only into a pod whose layout matches exactly, so pods of
+one fleet must never resolve these differently (DESIGN.md section 5).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from llamafleet_core.crd.base import Condition, CRModel, Name, Quantity, Resource, StatusModel
+
+# llama.cpp's accepted KV cache types (`kv_cache_types` in common/arg.cpp), by ggml type name.
+CacheType = Literal["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"]
+UNQUANTIZED: frozenset[str] = frozenset({"f32", "f16", "bf16"})
+
+WorkloadKind = Literal["Deployment", "StatefulSet"]
+
+
+class ImageSource(CRModel):
+    """A model baked into a container image; an init container copies `path/file` out of it."""
+
+    reference: str = Field(min_length=1)
+    path: str = Field(default="/models", pattern=r"^/")
+    """Directory inside the image that holds the model file."""
+
+
+class ModelSource(CRModel):
+    """Where the GGUF file comes from. Exactly one of url, pvc, hostPath, image."""
+
+    model_config = CRModel.model_config | {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [{
+                "rule": "[has(self.url), has(self.pvc), has(self.hostPath), has(self.image)]"
+                        ".filter(x, x).size() == 1",
+                "message": "set exactly one of url, pvc, hostPath, image",
+            }]
+        }
+    }
+
+    url: str | None = Field(default=None, pattern=r"^https?://")
+    """Downloaded by an init container into an emptyDir on every pod start."""
+    pvc: Name | None = None
+    """A PersistentVolumeClaim (ReadOnlyMany or ReadWriteMany) holding the file, mounted read-only."""
+    host_path: str | None = Field(default=None, pattern=r"^/")
+    """A directory on every node holding the file, mounted read-only."""
+    image: ImageSource | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> ModelSource:
+        chosen = [n for n in ("url", "pvc", "host_path", "image") if getattr(self, n) is not None]
+        if len(chosen) != 1:
+            raise ValueError(
+                f"model.source: set exactly one of url, pvc, hostPath, image (got {chosen or 'none'})")
+        return self
+
+
+class ModelSpec(CRModel):
+    """The model: the name clients send, the file, and where it comes from."""
+
+    name: str = Field(min_length=1, max_length=253)
+    """The model name clients use in requests; also the /v1/models id (llama-server `-a`)."""
+    file: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_][A-Za-z0-9._-]*(/[A-Za-z0-9_][A-Za-z0-9._-]*)*$")
+    """File name of the GGUF inside the source (may include sub-folders, never `..`)."""
+    sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    """Digest of the file. Snapshot fingerprints use it; url downloads are verified against it."""
+    source: ModelSource
+
+
+class GpuSpec(CRModel):
+    """GPUs per pod and where such GPUs are."""
+
+    count: int = Field(default=1, ge=0, le=16)
+    product: str = "NVIDIA-A40"
+    """Value of the `nvidia.com/gpu.product` node label to schedule on; empty to schedule on any GPU node.
+    (Not null: the API server prunes nulls and would apply this default again.)"""
+    resource_name: str = "nvidia.com/gpu"
+
+
+class SecretKeyRef(CRModel):
+    name: Name
+    key: str = "api-key"
+
+
+class SnapshotStorage(CRModel):
+    """Where the snapshot folder (`--slot-save-path`, shared with the agent) lives.
+
+    memory: tmpfs emptyDir (fast; counts against the pod's memory limit). disk: node-disk emptyDir.
+    pvc: a claim per pod with a StatefulSet (volumeClaimTemplates), or an existing shared claim
+    (`pvcName`, ReadWriteMany) in which every pod writes under its own pod-name sub-folder.
+    """
+
+    storage: Literal["memory", "disk", "pvc"] = "disk"
+    size_limit: Quantity = "8Gi"
+    pvc_name: Name | None = None
+    storage_class: str | None = None
+    budget_bytes: int | None = Field(default=None, ge=0)
+    """Byte budget the agent keeps snapshots under (LRU out first); default 90% of sizeLimit."""
+
+
+class PrefixSharing(CRModel):
+    """`attach: auto` turns the patched build's `--slot-attach` on when the image supports it."""
+
+    attach: Literal["auto", "on", "off"] = "auto"
+
+
+class LlamaFleetSpec(CRModel):
+    """Desired state of a fleet of llama-server pods."""
+
+    model: ModelSpec
+    image: str = Field(min_length=1)
+    """The llama-server image; its entrypoint must be llama-server."""
+    agent_image: str = Field(default="llamafleet/llamafleet:0.1.0", min_length=1)
+    """The image with the `llamafleet` command (the snapshot agent sidecar)."""
+    replicas: int = Field(default=1, ge=1, le=256)
+    slots: int = Field(default=4, ge=1, le=64)
+    """llama-server slots per pod (`-np`)."""
+    context_per_slot: int = Field(default=32768, ge=512, le=1 << 21)
+    """Tokens each slot may hold."""
+    context_total: int | None = Field(default=None, ge=512)
+    """With kvUnified: size of the shared KV pool in tokens (default slots * contextPerSlot)."""
+    cache_type_k: CacheType = "f16"
+    cache_type_v: CacheType = "f16"
+    flash_attention: Literal["on", "off"] = "on"
+    """Pinned on or off, never auto: the choice changes the KV layout that snapshots hold."""
+    kv_unified: bool = False
+    """One KV pool shared by all slots. Off by default: per-slot streams keep idle prefixes in VRAM."""
+    cache_ram_mib: int | None = Field(default=None, ge=-1, alias="cacheRamMiB")
+    """llama-server's RAM prompt cache in MiB (`--cache-ram`; -1 unlimited, 0 off; unset: server default)."""
+    ctx_checkpoints: int | None = Field(default=None, ge=0, le=4096)
+    threads: int | None = Field(default=None, ge=1, le=1024)
+    extra_args: list[str] = Field(default_factory=list)
+    """Appended verbatim after every flag the operator sets."""
+    api_key_secret_ref: SecretKeyRef | None = None
+    gpu: GpuSpec | None = None
+    """Absent: CPU-only pods."""
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[dict[str, Any]] = Field(default_factory=list)
+    affinity: dict[str, Any] | None = None
+    resources: dict[str, Any] | None = None
+    """Container resources of llama-server (requests/limits); GPU limits are added from `gpu`."""
+    snapshots: SnapshotStorage = Field(default_factory=SnapshotStorage)
+    prefix_sharing: PrefixSharing = Field(default_factory=PrefixSharing)
+    workload: WorkloadKind = "Deployment"
+    """Deployment by default. Snapshots are a cache that peers and SharedPrefix warming rebuild, and index
+    entries are fenced by pod uid, so a stable pod identity buys routing nothing, while Deployments roll
+    faster (surge) and need no PVC. Choose StatefulSet with `snapshots.storage: pvc` to give each pod its own
+    claim (volumeClaimTemplates) that survives restarts, so a restarted pod finds its snapshots again."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> LlamaFleetSpec:
+        if self.cache_type_v not in UNQUANTIZED and self.flash_attention == "off":
+            raise ValueError(
+                f"cacheTypeV: a quantized V cache ({self.cache_type_v}) needs flashAttention: on")
+        if self.prefix_sharing.attach == "on" and not self.kv_unified:
+            raise ValueError("prefixSharing.attach: on needs kvUnified: true (slots share one KV pool)")
+        if self.context_total is not None and not self.kv_unified:
+            raise ValueError("contextTotal: only meaningful with kvUnified: true")
+        snaps = self.snapshots
+        if snaps.storage == "pvc" and self.workload == "Deployment" and snaps.pvc_name is None:
+            raise ValueError("snapshots.pvcName: required for storage pvc with a Deployment "
+                             "(or use workload: StatefulSet for a claim per pod)")
+        return self
+
+    @property
+    def n_ctx(self) -> int:
+        """`-c`: per-slot streams split it evenly, so slots * contextPerSlot unless a unified pool is set."""
+        if self.kv_unified and self.context_total is not None:
+            return self.context_total
+        return self.slots * self.context_per_slot
+
+
+class LlamaFleetStatus(StatusModel):
+    replicas: int | None = None
+    ready_replicas: int | None = None
+    ready: str | None = None
+    """`readyReplicas/replicas` as text, for the READY printer column."""
+    slots: int | None = None
+    """Slots of ready pods (readyReplicas * spec.slots)."""
+    selector: str | None = None
+    """Label selector of the fleet's pods, for the scale subresource (kubectl scale, autoscalers)."""
+    attach: bool | None = None
+    """Whether llama-server runs with --slot-attach."""
+    phase: Literal["Pending", "Progressing", "Ready", "Degraded", "Failed"] | None = None
+    observed_generation: int | None = None
+    conditions: list[Condition] = Field(default_factory=list)
+
+
+class LlamaFleet(Resource):
+    kind: Literal["LlamaFleet"] = "LlamaFleet"
+    spec: LlamaFleetSpec
+    status: LlamaFleetStatus | None = None

@@ -1,0 +1,154 @@
+"""The command lines of llama-server and of the snapshot agent, derived from a fleet spec.
+
+One renderer for both runtimes: the operator puts these argv lists into pod containers and the local
+runtime (`llamafleet up`) runs them as processes, so a fleet behaves the same on a laptop and a cluster.
+
+Every flag is checked against the pinned llama.cpp tree (`common/arg.cpp`) by a test, except the attach
+flags of patched builds (`PATCHED_ONLY_FLAGS`). Settings that change the KV layout are always written
+out, never left to the server's `auto`, because snapshots restore only between identical layouts:
+`-fa on|off`, `-ctk/-ctv`, `-kvu`/`-no-kvu`, `-np`, and `--fit off` so that no pod shrinks `-c` on its own.
+"""
+
+from __future__ import annotations
+
+from pathlib import PurePosixPath
+from typing import Literal
+
+from llamafleet_core.crd.base import quantity_bytes
+from llamafleet_core.crd.fleet import LlamaFleetSpec
+
+SERVER_PORT = 8080
+AGENT_PORT = 8090
+MODEL_DIR = "/models"
+SNAPSHOT_DIR = "/snapshots"
+SECRETS_DIR = "/var/run/secrets/llamafleet"
+
+# Flags only a patched llama-server knows (the --slot-attach proposal); upstream rejects them.
+PATCHED_ONLY_FLAGS = ("--slot-attach",)
+# Share of the snapshot volume the agent may fill when no explicit budget is set: headroom for the file
+# being written while the oldest one is evicted.
+DEFAULT_BUDGET_SHARE = 0.9
+
+
+def model_path(spec: LlamaFleetSpec, model_dir: str = MODEL_DIR) -> str:
+    """Where the GGUF file is inside the pod (or the local model folder)."""
+    return str(PurePosixPath(model_dir) / spec.model.file)
+
+
+def attach_enabled(spec: LlamaFleetSpec, *, supported: bool) -> bool:
+    """Resolve `prefixSharing.attach`: `on` is honoured even if the image lacks it (the pod fails loudly)."""
+    mode = spec.prefix_sharing.attach
+    if mode == "on":
+        return True
+    return mode == "auto" and supported and spec.kv_unified
+
+
+def snapshot_budget_bytes(spec: LlamaFleetSpec) -> int:
+    """The agent's byte budget: explicit, or a share of the snapshot volume's size limit."""
+    snaps = spec.snapshots
+    if snaps.budget_bytes is not None:
+        return snaps.budget_bytes
+    return int(quantity_bytes(snaps.size_limit) * DEFAULT_BUDGET_SHARE)
+
+
+def kv_settings(spec: LlamaFleetSpec) -> dict[str, str | int | bool]:
+    """The fleet's KV-layout settings, as the agent's snapshot fingerprint compares them."""
+    return {
+        "cache_type_k": spec.cache_type_k,
+        "cache_type_v": spec.cache_type_v,
+        "flash_attn": spec.flash_attention,
+        "kv_unified": spec.kv_unified,
+        "n_slots": spec.slots,
+        "swa_full": False,
+    }
+
+
+def llama_server_args(
+    spec: LlamaFleetSpec,
+    *,
+    model_path: str,
+    port: int,
+    slot_save_path: str,
+    api_key_file: str | None = None,
+    host: str = "0.0.0.0",
+    attach: bool = False,
+) -> list[str]:
+    """llama-server's argv (without the program), from the spec; `attach` from `attach_enabled()`."""
+    args = [
+        "-m", model_path,
+        "-a", spec.model.name,
+        "--host", host,
+        "--port", str(port),
+        "-np", str(spec.slots),
+        "-c", str(spec.n_ctx),
+    ]
+    if spec.kv_unified:
+        # In a unified pool one slot could grow over the whole pool: cap it at what sessions were sized for.
+        # Idle slots must stay in the pool: with the default --cache-idle-slots they move to RAM and are
+        # cleared on the next task, so a pinned request would recompute everything (measured.md).
+        args += ["-kvu", "--kv-unified-per-slot", str(spec.context_per_slot), "--no-cache-idle-slots"]
+    else:
+        args += ["-no-kvu"]
+    args += [
+        "-ctk", spec.cache_type_k,
+        "-ctv", spec.cache_type_v,
+        "-fa", spec.flash_attention,
+        "--fit", "off",
+    ]
+    if spec.gpu is not None and spec.gpu.count > 0:
+        args += ["-ngl", "all"]
+    args += ["--slot-save-path", slot_save_path, "--metrics", "--jinja"]
+    if spec.cache_ram_mib is not None:
+        args += ["--cache-ram", str(spec.cache_ram_mib)]
+    if spec.ctx_checkpoints is not None:
+        args += ["--ctx-checkpoints", str(spec.ctx_checkpoints)]
+    if spec.threads is not None:
+        args += ["-t", str(spec.threads)]
+    if api_key_file is not None:
+        args += ["--api-key-file", api_key_file]
+    if attach:
+        args += list(PATCHED_ONLY_FLAGS)
+    return args + list(spec.extra_args)
+
+
+def agent_args(
+    spec: LlamaFleetSpec,
+    *,
+    port: int,
+    server_url: str,
+    snapshot_dir: str,
+    model_path: str,
+    host: str = "0.0.0.0",
+    fleet: str | None = None,
+    token_file: str | None = None,
+    attach: bool = False,
+) -> list[str]:
+    """`llamafleet agent`'s argv (after the subcommand).
+
+    The agent writes the KV settings into every snapshot manifest and refuses snapshots whose settings
+    differ, so it must be told exactly what llama-server was started with: the same spec, the same values.
+    """
+    flash: Literal["on", "off"] = spec.flash_attention
+    args = [
+        "--host", host,
+        "--port", str(port),
+        "--server-url", server_url,
+        "--snapshot-dir", snapshot_dir,
+        "--model-path", model_path,
+        "--model-name", spec.model.name,
+        "--slots", str(spec.slots),
+        "--cache-type-k", spec.cache_type_k,
+        "--cache-type-v", spec.cache_type_v,
+        "--flash-attn", flash,
+        "--kv-unified" if spec.kv_unified else "--no-kv-unified",
+        "--budget-bytes", str(snapshot_budget_bytes(spec)),
+    ]
+    if spec.model.sha256 is not None:
+        args += ["--model-sha256", spec.model.sha256]
+    if fleet is not None:
+        args += ["--fleet", fleet]
+    if token_file is not None:
+        args += ["--token-file", token_file]
+    if attach:
+        args += ["--attach"]
+    return args

@@ -1,0 +1,83 @@
+"""What every renderer needs besides the spec: names, the owner, and a few cluster facts.
+
+Renderers are pure: `Target` carries everything that does not come from the LlamaFleet itself (which
+namespace the operator runs in, whether the image supports attach), so the same inputs always render
+the same objects and golden files can pin them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from llamafleet_core import labels as L
+from llamafleet_core.crd.models import LlamaFleet
+
+Manifest = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where and for whom the objects are rendered."""
+
+    name: str
+    namespace: str
+    owner: Manifest | None = None
+    """ownerReference of the LlamaFleet: children are garbage-collected with it."""
+    attach_supported: bool = False
+    """The image is a patched build with --slot-attach (detected by the operator)."""
+    agent_token_secret: str | None = None
+    """Secret (key `token`) that router and operator use to call the agent."""
+    operator_namespace: str | None = None
+    """Namespace of the operator pods; None means the fleet's own namespace."""
+    gateway_namespace: str | None = None
+    """Namespace of the gateway pods; None means the fleet's own namespace."""
+
+    @classmethod
+    def of(cls, fleet: LlamaFleet, *, namespace: str | None = None, **options: Any) -> Target:
+        """A target named after the fleet, owned by it when it has a uid (it does once stored)."""
+        meta = fleet.metadata
+        return cls(
+            name=meta.name,
+            namespace=namespace or meta.namespace or "default",
+            owner=owner_reference(fleet),
+            **options,
+        )
+
+    @property
+    def config_map(self) -> str:
+        return f"{self.name}-config"
+
+
+def owner_reference(fleet: LlamaFleet) -> Manifest | None:
+    if not fleet.metadata.uid:
+        return None
+    return {
+        "apiVersion": L.API_VERSION,
+        "kind": "LlamaFleet",
+        "name": fleet.metadata.name,
+        "uid": fleet.metadata.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def metadata(target: Target, name: str | None = None, **annotations: str) -> Manifest:
+    """Object metadata with the fleet's labels and owner."""
+    meta: Manifest = {
+        "name": name or target.name,
+        "namespace": target.namespace,
+        "labels": L.common_labels(target.name),
+    }
+    if annotations:
+        meta["annotations"] = dict(annotations)
+    if target.owner is not None:
+        meta["ownerReferences"] = [dict(target.owner)]
+    return meta
+
+
+def digest(obj: Any) -> str:
+    """Stable short digest of JSON-able data (for the pod template's spec-hash annotation)."""
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]

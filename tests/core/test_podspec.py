@@ -1,0 +1,131 @@
+"""Command lines of llama-server and the agent: exact argv, and every flag known to the pinned llama.cpp."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, get_args
+
+import pytest
+
+from llamafleet_core import podspec
+from llamafleet_core.crd.models import CacheType, LlamaFleetSpec
+
+
+def spec(**overrides: Any) -> LlamaFleetSpec:
+    base: dict[str, Any] = {
+        "model": {"name": "tiny", "file": "tiny.gguf", "source": {"hostPath": "/srv/models"}},
+        "image": "llama-server:test",
+        "slots": 2,
+        "contextPerSlot": 4096,
+    }
+    base.update(overrides)
+    return LlamaFleetSpec.model_validate(base)
+
+
+def server_args(s: LlamaFleetSpec, **kw: Any) -> list[str]:
+    return podspec.llama_server_args(s, model_path="/m/tiny.gguf", port=8080, slot_save_path="/snap", **kw)
+
+
+def test_server_argv_golden_when_per_slot_kv() -> None:
+    """Per-slot streams: -c is slots * contextPerSlot, and the KV layout is spelled out in full."""
+    assert server_args(spec()) == [
+        "-m", "/m/tiny.gguf", "-a", "tiny", "--host", "0.0.0.0", "--port", "8080",
+        "-np", "2", "-c", "8192", "-no-kvu",
+        "-ctk", "f16", "-ctv", "f16", "-fa", "on", "--fit", "off",
+        "--slot-save-path", "/snap", "--metrics", "--jinja",
+    ]
+
+
+def test_server_argv_golden_when_unified_with_attach_and_everything_set() -> None:
+    """Unified KV: the pool is sized by contextTotal, idle slots stay in VRAM, attach and extras come last."""
+    s = spec(
+        kvUnified=True, contextTotal=6000, cacheTypeK="q8_0", cacheTypeV="q4_0", cacheRamMiB=0,
+        ctxCheckpoints=128, threads=3, gpu={"count": 1}, prefixSharing={"attach": "on"},
+        extraArgs=["--swa-full"],
+    )
+    assert server_args(s, api_key_file="/k", host="127.0.0.1", attach=True) == [
+        "-m", "/m/tiny.gguf", "-a", "tiny", "--host", "127.0.0.1", "--port", "8080",
+        "-np", "2", "-c", "6000", "-kvu", "--kv-unified-per-slot", "4096", "--no-cache-idle-slots",
+        "-ctk", "q8_0", "-ctv", "q4_0", "-fa", "on", "--fit", "off", "-ngl", "all",
+        "--slot-save-path", "/snap", "--metrics", "--jinja",
+        "--cache-ram", "0", "--ctx-checkpoints", "128", "-t", "3", "--api-key-file", "/k",
+        "--slot-attach", "--swa-full",
+    ]
+
+
+def test_unified_pool_defaults_to_slots_times_context_when_total_unset() -> None:
+    assert spec(kvUnified=True).n_ctx == 2 * 4096
+
+
+@pytest.mark.parametrize(
+    ("mode", "unified", "supported", "expected"),
+    [
+        ("auto", True, True, True),
+        ("auto", True, False, False),
+        ("auto", False, True, False),  # attach shares cells of one pool: per-slot streams cannot
+        ("off", True, True, False),
+        ("on", True, False, True),  # an explicit `on` is honoured; an unpatched server then fails loudly
+    ],
+)
+def test_attach_resolution(mode: str, unified: bool, supported: bool, expected: bool) -> None:
+    s = spec(kvUnified=unified, prefixSharing={"attach": mode})
+    assert podspec.attach_enabled(s, supported=supported) is expected
+
+
+def test_agent_argv_golden_carries_the_same_kv_layout_as_the_server() -> None:
+    """The agent fingerprints snapshots with the settings llama-server was started with: same values."""
+    s = spec(cacheTypeK="q8_0", cacheTypeV="q8_0", kvUnified=True,
+             model={"name": "tiny", "file": "tiny.gguf", "sha256": "a" * 64, "source": {"pvc": "m"}},
+             snapshots={"sizeLimit": "1Gi"})
+    argv = podspec.agent_args(s, port=8090, server_url="http://127.0.0.1:8080", snapshot_dir="/snap",
+                              model_path="/m/tiny.gguf", fleet="f", token_file="/t", attach=True)
+    assert argv == [
+        "--host", "0.0.0.0", "--port", "8090", "--server-url", "http://127.0.0.1:8080",
+        "--snapshot-dir", "/snap", "--model-path", "/m/tiny.gguf", "--model-name", "tiny",
+        "--slots", "2", "--cache-type-k", "q8_0", "--cache-type-v", "q8_0", "--flash-attn", "on",
+        "--kv-unified", "--budget-bytes", str(int((1 << 30) * 0.9)),
+        "--model-sha256", "a" * 64, "--fleet", "f", "--token-file", "/t", "--attach",
+    ]
+    server = server_args(s)
+    assert server[server.index("-ctk") + 1] == argv[argv.index("--cache-type-k") + 1]
+    assert server[server.index("-fa") + 1] == argv[argv.index("--flash-attn") + 1]
+    assert podspec.kv_settings(s)["kv_unified"] is True and "-kvu" in server
+
+
+def test_explicit_budget_wins_over_the_volume_share() -> None:
+    assert podspec.snapshot_budget_bytes(spec(snapshots={"budgetBytes": 12345})) == 12345
+
+
+def _declared_flags(arg_cpp: str) -> set[str]:
+    """Every flag string declared in common/arg.cpp's `common_arg({...}, ...)` initializer lists."""
+    flags: set[str] = set()
+    for group in re.findall(r"\{\s*((?:\"-[^\"]+\"\s*,?\s*)+)\}", arg_cpp):
+        flags.update(re.findall(r"\"(-[^\"]+)\"", group))
+    return flags
+
+
+@pytest.mark.llama
+def test_every_emitted_flag_exists_in_the_llama_cpp_tree() -> None:
+    """Flags we emit must exist in the pinned llama.cpp, except the patched build's attach flags."""
+    from llamafleet_local.llama_build import source_dir
+
+    declared = _declared_flags((source_dir() / "common" / "arg.cpp").read_text())
+    assert "--slot-save-path" in declared and "--slot-attach" not in declared
+    s = spec(kvUnified=True, cacheRamMiB=0, ctxCheckpoints=8, threads=1, gpu={"count": 1},
+             prefixSharing={"attach": "on"})
+    argv = server_args(s, api_key_file="/k", attach=True)
+    emitted = {a for a in argv if a.startswith("-") and not a.lstrip("-").isdigit()}
+    missing = emitted - declared - set(podspec.PATCHED_ONLY_FLAGS)
+    assert not missing, f"flags unknown to llama.cpp: {sorted(missing)}"
+
+
+@pytest.mark.llama
+def test_cache_type_enum_equals_the_types_llama_cpp_accepts() -> None:
+    """`cacheTypeK/V` allow exactly arg.cpp's `kv_cache_types` (by ggml type name), no more, no fewer."""
+    from llamafleet_local.llama_build import source_dir
+
+    text = (source_dir() / "common" / "arg.cpp").read_text()
+    block = re.search(r"kv_cache_types\s*=\s*\{(.*?)\};", text, re.S)
+    assert block is not None
+    accepted = {t.lower() for t in re.findall(r"GGML_TYPE_(\w+)", block.group(1))}
+    assert accepted == set(get_args(CacheType))
