@@ -1,0 +1,1 @@
+"""Built-in scheduling plugins, one module each; `registry.register_builtin_plugins` lists them."""

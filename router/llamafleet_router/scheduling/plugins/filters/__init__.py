@@ -1,0 +1,1 @@
+"""Filters: drop endpoints that must not (or should not) take the request."""

@@ -1,0 +1,1 @@
+"""Pickers: rank the weighted candidates; exactly one per profile."""

@@ -1,0 +1,61 @@
+"""`max-score` picker: rank candidates by weighted total, best first.
+
+Type: `max-score`
+Parameters:
+  - `tie_break` ("order" or "random", default "order"): how equal totals are ordered.
+    "order" sorts ties by (pod uid, slot): reproducible, and every router replica agrees, which keeps
+    sessions of one prefix together when scores carry no signal. "random" shuffles ties with a
+    `random.Random(seed)` owned by the plugin: spreads identical cold requests, reproducible per seed.
+  - `seed` (int or null, default null): seed for "random"; null seeds from the OS.
+Consumes: the scored candidates (weighted totals computed by the scheduler).
+Produces: the full ranked list, so the scheduler can move on to the next slot when a lease fails.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar, Literal
+
+from llamafleet_router.scheduling.framework import (
+    CycleState,
+    PluginHandle,
+    PluginParams,
+    PluginSpec,
+    SchedRequest,
+    ScoredCandidate,
+)
+
+
+class MaxScoreParams(PluginParams):
+    tie_break: Literal["order", "random"] = "order"
+    seed: int | None = None
+
+
+class MaxScorePicker:
+    type_name: ClassVar[str] = "max-score"
+
+    def __init__(self, name: str, params: MaxScoreParams) -> None:
+        self.name = name
+        self.params = params
+        self._rng = random.Random(params.seed)
+
+    @classmethod
+    def create(cls, name: str, params: Mapping[str, Any], handle: PluginHandle) -> MaxScorePicker:
+        return cls(name, MaxScoreParams.model_validate(params))
+
+    def pick(
+        self, req: SchedRequest, state: CycleState, scored: Sequence[ScoredCandidate]
+    ) -> list[ScoredCandidate]:
+        ordered = sorted(scored, key=lambda s: (s.candidate.state.uid, s.candidate.slot))
+        if self.params.tie_break == "random":
+            jitter = {id(s): self._rng.random() for s in ordered}
+            return sorted(ordered, key=lambda s: (-round(s.total, 9), jitter[id(s)]))
+        # sorted() is stable: equal totals keep the (uid, slot) order. Rounding makes totals that differ
+        # only by float summation order count as equal.
+        return sorted(ordered, key=lambda s: -round(s.total, 9))
+
+
+SPEC = PluginSpec(
+    type_name=MaxScorePicker.type_name, kind="picker", params=MaxScoreParams, factory=MaxScorePicker.create
+)

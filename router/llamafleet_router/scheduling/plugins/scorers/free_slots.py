@@ -1,0 +1,49 @@
+"""`free-slots` scorer: prefer pods with more idle slots.
+
+Type: `free-slots`
+Parameters: none.
+Consumes: `EndpointState.busy_slots`, `Endpoint.n_slots`.
+Score: `idle_slots / n_slots` of the candidate's pod (the same for every slot of a pod); 0 when
+`n_slots` is 0. A light weight spreads cold prefixes without overriding a prefix hit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+from llamafleet_core.types import SlotRef
+from llamafleet_router.scheduling.framework import (
+    Candidate,
+    CycleState,
+    PluginHandle,
+    PluginParams,
+    PluginSpec,
+    SchedRequest,
+)
+
+
+class FreeSlotsScorer:
+    type_name: ClassVar[str] = "free-slots"
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    @classmethod
+    def create(cls, name: str, params: Mapping[str, Any], handle: PluginHandle) -> FreeSlotsScorer:
+        PluginParams.model_validate(params)
+        return cls(name)
+
+    def score(
+        self, req: SchedRequest, state: CycleState, candidates: Sequence[Candidate]
+    ) -> dict[SlotRef, float]:
+        out: dict[SlotRef, float] = {}
+        for c in candidates:
+            n = c.endpoint.n_slots
+            out[c.key] = len(c.state.idle_slots) / n if n > 0 else 0.0
+        return out
+
+
+SPEC = PluginSpec(
+    type_name=FreeSlotsScorer.type_name, kind="scorer", params=PluginParams, factory=FreeSlotsScorer.create
+)

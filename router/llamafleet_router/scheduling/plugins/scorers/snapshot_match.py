@@ -1,0 +1,79 @@
+"""`snapshot-match` scorer: how much of the prompt a snapshot restore would give this slot.
+
+Type: `snapshot-match`
+Parameters:
+  - `local_discount` (float in [0, 1], default 0.9): multiplier for a snapshot on the candidate's own pod;
+    a restore costs a little (milliseconds), so an equal match already in a slot scores higher.
+  - `remote_discount` (float in [0, 1], default 0.7): multiplier for a snapshot on another pod, which the
+    candidate pod's agent must pull first (needs `Endpoint.agent_url`).
+Consumes: `lookup` (from `prefix-lookup`) and `restore_enabled` (set by the scheduler from the config's
+`decision.restore_enabled`; 0 everywhere when false).
+Score: `max(discount * snapshot_blocks / total)` over snapshots restorable into the candidate that cover
+strictly more blocks than the slot already gives; 0 if none. Whether the restore is actually worth it
+is decided after the pick by the cost model (`decide.py`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+from pydantic import Field
+
+from llamafleet_core.types import Lookup, SlotRef
+from llamafleet_router.scheduling.framework import (
+    LOOKUP,
+    RESTORE_ENABLED,
+    Candidate,
+    CycleState,
+    PluginHandle,
+    PluginParams,
+    PluginSpec,
+    SchedRequest,
+)
+from llamafleet_router.scheduling.lookup_view import held_blocks, restorable_snapshots
+
+
+class SnapshotMatchParams(PluginParams):
+    local_discount: float = Field(default=0.9, ge=0.0, le=1.0)
+    remote_discount: float = Field(default=0.7, ge=0.0, le=1.0)
+
+
+class SnapshotMatchScorer:
+    type_name: ClassVar[str] = "snapshot-match"
+
+    def __init__(self, name: str, params: SnapshotMatchParams) -> None:
+        self.name = name
+        self.params = params
+
+    @classmethod
+    def create(cls, name: str, params: Mapping[str, Any], handle: PluginHandle) -> SnapshotMatchScorer:
+        return cls(name, SnapshotMatchParams.model_validate(params))
+
+    def score(
+        self, req: SchedRequest, state: CycleState, candidates: Sequence[Candidate]
+    ) -> dict[SlotRef, float]:
+        total = len(req.prompt.blocks)
+        lookup = state.read(LOOKUP, Lookup())
+        if total == 0 or not lookup.snapshots or not state.read(RESTORE_ENABLED, True):
+            return {c.key: 0.0 for c in candidates}
+        return {c.key: self._one(c, lookup, total) for c in candidates}
+
+    def _one(self, c: Candidate, lookup: Lookup, total: int) -> float:
+        held = held_blocks(lookup, c.endpoint, c.slot)
+        best = 0.0
+        for snap, remote in restorable_snapshots(lookup, c.endpoint):
+            if snap.n_blocks <= held:
+                continue
+            discount = self.params.remote_discount if remote else self.params.local_discount
+            best = max(best, discount * min(snap.n_blocks, total) / total)
+        return best
+
+
+SPEC = PluginSpec(
+    type_name=SnapshotMatchScorer.type_name,
+    kind="scorer",
+    params=SnapshotMatchParams,
+    factory=SnapshotMatchScorer.create,
+    consumes=(LOOKUP.name,),
+)

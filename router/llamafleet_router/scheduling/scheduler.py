@@ -1,0 +1,232 @@
+"""The scheduler: runs one profile per request and returns a leased `Decision`.
+
+    producers (I/O, once) -> filters (in order) -> slot candidates (idle slots of survivors)
+      -> weighted scorers (each clamped to [0, 1], times its weight, summed) -> picker (ranked list)
+      -> lease the best slot whose lease is free -> action choice (decide.py) -> Decision
+
+Fallbacks, none of which fails the request:
+- the index is down: `prefix-lookup` says so and the degraded hash steers (branch `degraded_hash`, or
+  `session_affinity` when the session's previous slot won); the action is DIRECT, since nothing is known;
+- a slot's lease is held by another router replica: try the next candidate (at most `leases.max_attempts`);
+- no idle slot, or every lease taken: a `queued` decision without a lease for the best endpoint, pinned
+  to its slot holding the most of the prefix (llama-server defers a pinned task until that slot frees),
+  or to any slot when none holds anything;
+- the lease store raises (Redis down): proceed without a lease.
+Only an empty endpoint set after a filter (nothing healthy, unknown model) raises `NoEndpointError`.
+
+Per-plugin latency goes to an optional `metrics_hook(point, plugin_type, name, seconds)`, so the app
+wires Prometheus without this module importing it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+from llamafleet_core.types import Action, Lookup, SlotRef
+from llamafleet_router.scheduling.config import PipelineConfig
+from llamafleet_router.scheduling.decide import choose_action
+from llamafleet_router.scheduling.framework import (
+    ANY_SLOT,
+    INDEX_AVAILABLE,
+    LOOKUP,
+    RESTORE_ENABLED,
+    Candidate,
+    CycleState,
+    Decision,
+    DecisionHook,
+    EndpointState,
+    Filter,
+    MetricsHook,
+    NoEndpointError,
+    Picker,
+    PluginHandle,
+    PrefixIndexLike,
+    Producer,
+    SchedRequest,
+    ScoredCandidate,
+    Scorer,
+    SlotLeasesLike,
+    clamp01,
+)
+from llamafleet_router.scheduling.lookup_view import pod_best_slot
+from llamafleet_router.scheduling.plugins.scorers.session_affinity import SessionAffinityScorer
+from llamafleet_router.scheduling.registry import Registry, register_builtin_plugins
+
+log = logging.getLogger(__name__)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        config: PipelineConfig,
+        *,
+        index: PrefixIndexLike | None,
+        leases: SlotLeasesLike | None,
+        holder_prefix: str,
+        metrics_hook: MetricsHook | None = None,
+        registry: Registry | None = None,
+    ) -> None:
+        self.config = config
+        self._leases = leases
+        self._holder_prefix = holder_prefix
+        self._metrics = metrics_hook
+        self.producers: list[Producer] = []
+        self.filters: list[Filter] = []
+        self.scorers: list[tuple[Scorer, float]] = []
+        pickers: list[Picker] = []
+        self._hooks: list[DecisionHook] = []
+        self._produces: dict[str, tuple[str, ...]] = {}
+        reg = registry or register_builtin_plugins()
+        handle = PluginHandle(index=index)
+        for entry in config.profile.plugins:
+            pc = config.plugin(entry.ref)
+            spec = reg[pc.type]
+            plugin = spec.factory(pc.ref_name, pc.params, handle)
+            self._produces[pc.ref_name] = spec.produces
+            # Dispatch on the kind the registry declares (what the config was validated against), and
+            # check the built object really implements it.
+            if spec.kind == "producer" and isinstance(plugin, Producer):
+                self.producers.append(plugin)
+            elif spec.kind == "filter" and isinstance(plugin, Filter):
+                self.filters.append(plugin)
+            elif spec.kind == "scorer" and isinstance(plugin, Scorer):
+                self.scorers.append((plugin, float(entry.weight or 0.0)))
+            elif spec.kind == "picker" and isinstance(plugin, Picker):
+                pickers.append(plugin)
+            else:
+                raise TypeError(f"plugin {pc.ref_name!r} does not implement the {spec.kind} protocol")
+            if isinstance(plugin, DecisionHook):
+                self._hooks.append(plugin)
+        self.picker = pickers[0]  # the config guarantees exactly one
+        self._affinity = {s.name for s, _ in self.scorers if isinstance(s, SessionAffinityScorer)}
+
+    # ---- the pipeline ------------------------------------------------------------------------
+
+    async def schedule(self, req: SchedRequest, endpoints: Sequence[EndpointState]) -> Decision:
+        state = CycleState()
+        state.write(RESTORE_ENABLED, self.config.decision.restore_enabled)
+        for producer in self.producers:
+            with self._timed("producer", producer.type_name, producer.name):
+                try:
+                    await producer.prepare(req, state, endpoints)
+                except Exception:  # a producer is I/O: log it and route on what we have
+                    log.exception("producer %r failed; scheduling without its data", producer.name)
+                    if INDEX_AVAILABLE.name in self._produces.get(producer.name, ()):
+                        state.write(INDEX_AVAILABLE, False)
+        survivors = list(endpoints)
+        for f in self.filters:
+            with self._timed("filter", f.type_name, f.name):
+                survivors = f.filter(req, state, survivors)
+            if not survivors:
+                raise NoEndpointError(f"no endpoint for model {req.model!r} left after filter {f.name!r}")
+        if not survivors:
+            raise NoEndpointError(f"no endpoint for model {req.model!r}")
+        idle = [Candidate(s, slot) for s in survivors for slot in s.idle_slots]
+        decision = await self._lease_best(req, state, self.rank(req, state, idle)) if idle else None
+        if decision is None:
+            decision = self._queued(req, state, survivors)
+        self.on_decision(req, decision)
+        return decision
+
+    def rank(
+        self, req: SchedRequest, state: CycleState, candidates: Sequence[Candidate]
+    ) -> list[ScoredCandidate]:
+        """Weighted scores of `candidates`, ranked best first by the picker."""
+        raw: dict[str, dict[SlotRef, float]] = {}
+        for scorer, _ in self.scorers:
+            with self._timed("scorer", scorer.type_name, scorer.name):
+                raw[scorer.name] = scorer.score(req, state, candidates)
+        scored = []
+        for c in candidates:
+            per = {name: clamp01(scores.get(c.key, 0.0)) for name, scores in raw.items()}
+            total = sum(w * per[s.name] for s, w in self.scorers)
+            scored.append(ScoredCandidate(c, total, per))
+        with self._timed("picker", self.picker.type_name, self.picker.name):
+            return self.picker.pick(req, state, scored)
+
+    async def _lease_best(
+        self, req: SchedRequest, state: CycleState, ranked: Sequence[ScoredCandidate]
+    ) -> Decision | None:
+        holder = f"{self._holder_prefix}:{req.request_id}"
+        for sc in ranked[: self.config.leases.max_attempts]:
+            if self._leases is None:
+                return self._decide(req, state, sc, None)
+            try:
+                with self._timed("lease", "slot-leases", "acquire"):
+                    ok = await self._leases.acquire(sc.candidate.key, holder, self.config.leases.ttl_s)
+            except Exception as exc:  # lease store down: serve unleased rather than fail
+                log.warning("slot lease store unavailable (%s); proceeding without a lease", exc)
+                return self._decide(req, state, sc, None)
+            if ok:
+                return self._decide(req, state, sc, holder)
+        return None
+
+    def _decide(
+        self, req: SchedRequest, state: CycleState, sc: ScoredCandidate, holder: str | None
+    ) -> Decision:
+        c = sc.candidate
+        affinity = self._is_session_slot(sc)
+        # Absent means "no index in this profile", as for the degraded-hash scorer.
+        if not state.read(INDEX_AVAILABLE, True):
+            # Nothing is known about slot contents: forward pinned and let llama-server reuse what it has.
+            branch = "session_affinity" if affinity else "degraded_hash"
+            return Decision(c.endpoint, c.slot, Action.DIRECT, None, 0, branch, holder)
+        choice = choose_action(
+            req.prompt, c.endpoint, c.slot, state.read(LOOKUP, Lookup()), self.config.decision
+        )
+        branch = "session_affinity" if choice.branch == "cold" and affinity else choice.branch
+        return Decision(
+            c.endpoint, c.slot, choice.action, choice.snapshot, choice.predicted_blocks, branch, holder
+        )
+
+    def _queued(self, req: SchedRequest, state: CycleState, survivors: Sequence[EndpointState]) -> Decision:
+        every = [Candidate(s, slot) for s in survivors for slot in range(s.endpoint.n_slots)]
+        ranked = self.rank(req, state, every)
+        if not ranked:  # only endpoints reporting zero slots: let the server sort it out
+            return Decision(survivors[0].endpoint, ANY_SLOT, Action.DIRECT, None, 0, "queued")
+        top = ranked[0]
+        endpoint = top.candidate.endpoint
+        best = pod_best_slot(state.read(LOOKUP, Lookup()), endpoint.pod.uid, endpoint.n_slots)
+        if best is not None:
+            return Decision(
+                endpoint, best[0], Action.DIRECT, None, min(best[1], len(req.prompt.blocks)), "queued"
+            )
+        slot = top.candidate.slot if self._is_session_slot(top) else ANY_SLOT
+        return Decision(endpoint, slot, Action.DIRECT, None, 0, "queued")
+
+    def _is_session_slot(self, sc: ScoredCandidate) -> bool:
+        return any(sc.scores.get(name, 0.0) >= 1.0 for name in self._affinity)
+
+    # ---- around the pipeline -----------------------------------------------------------------
+
+    def on_decision(self, req: SchedRequest, decision: Decision) -> None:
+        """Tell plugins that learn from decisions (session affinity). `schedule` already calls it."""
+        for hook in self._hooks:
+            try:
+                hook.on_decision(req, decision)
+            except Exception:
+                log.exception("on_decision hook failed")
+
+    async def release(self, decision: Decision) -> None:
+        """Release the decision's slot lease, if it took one. Never raises: the TTL is the backstop."""
+        if decision.lease_holder is None or self._leases is None:
+            return
+        try:
+            await self._leases.release(decision.slot_ref, decision.lease_holder)
+        except Exception as exc:
+            log.warning("could not release lease on %s (%s); its TTL will", decision.slot_ref.key(), exc)
+
+    @contextmanager
+    def _timed(self, point: str, plugin_type: str, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            if self._metrics is not None:
+                try:
+                    self._metrics(point, plugin_type, name, time.perf_counter() - start)
+                except Exception:
+                    log.exception("metrics hook failed")

@@ -1,0 +1,76 @@
+"""Action choice: DIRECT / RESTORE / COMPUTE with the pure cost model."""
+
+from __future__ import annotations
+
+from llamafleet_core.types import Action, Lookup
+from llamafleet_router.scheduling.decide import ActionCosts, choose_action, compute_seconds, restore_seconds
+
+from .fakes import endpoint, request, slot, snapshot
+
+PROMPT = request(n_blocks=40).prompt  # 40 blocks * 256 chars / 4 = 2560 tokens -> 1.28 s at 2000 tok/s
+
+
+def test_direct_when_slot_holds_the_pods_best_match() -> None:
+    lookup = Lookup(slots={slot("b", 2): 30, slot("b", 0): 10})
+    choice = choose_action(PROMPT, endpoint("b"), 2, lookup, ActionCosts())
+    assert (choice.action, choice.predicted_blocks, choice.branch) == (Action.DIRECT, 30, "slot_hit")
+
+
+def test_restore_when_local_snapshot_gives_more_than_the_slot_and_beats_compute() -> None:
+    """Slot 1 holds nothing, the pod's best slot is busy; its 4 MB snapshot restores in ~18 ms."""
+    lookup = Lookup(slots={slot("b", 2): 30}, snapshots=(snapshot("s", "b", 30),))
+    choice = choose_action(PROMPT, endpoint("b"), 1, lookup, ActionCosts())
+    assert choice.action is Action.RESTORE
+    assert choice.snapshot is not None and choice.snapshot.name == "s"
+    assert (choice.predicted_blocks, choice.branch) == (30, "restore")
+
+
+def test_compute_when_restore_is_disabled() -> None:
+    lookup = Lookup(snapshots=(snapshot("s", "b", 30),))
+    choice = choose_action(PROMPT, endpoint("b"), 1, lookup, ActionCosts(restore_enabled=False))
+    assert (choice.action, choice.snapshot, choice.branch) == (Action.COMPUTE, None, "cold")
+
+
+def test_direct_when_restore_costs_more_than_the_blocks_it_adds() -> None:
+    """A 2-block gain (~64 ms of prefill) does not pay for pulling 1 GB from another pod."""
+    lookup = Lookup(slots={slot("b", 1): 28}, snapshots=(snapshot("big", "a", 30, size_bytes=10**9),))
+    choice = choose_action(PROMPT, endpoint("b"), 1, lookup, ActionCosts())
+    assert (choice.action, choice.snapshot, choice.predicted_blocks) == (Action.DIRECT, None, 28)
+    cheap = Lookup(slots={slot("b", 1): 28}, snapshots=(snapshot("small", "a", 30, size_bytes=10**3),))
+    assert (
+        choose_action(PROMPT, endpoint("b"), 1, cheap, ActionCosts(transfer_overhead_s=0)).action
+        is Action.RESTORE
+    )
+
+
+def test_compute_for_partial_slot_when_a_busier_slot_of_the_pod_holds_more() -> None:
+    """The slot holds 5 of the 30 blocks another slot holds and there is no snapshot: compute the rest."""
+    lookup = Lookup(slots={slot("b", 0): 30, slot("b", 1): 5})
+    choice = choose_action(PROMPT, endpoint("b"), 1, lookup, ActionCosts())
+    assert (choice.action, choice.predicted_blocks) == (Action.COMPUTE, 5)
+
+
+def test_pod_hit_when_attach_build_shares_the_pods_prefix() -> None:
+    lookup = Lookup(slots={slot("b", 0): 30})
+    choice = choose_action(PROMPT, endpoint("b", attach=True), 3, lookup, ActionCosts())
+    assert (choice.action, choice.predicted_blocks, choice.branch) == (Action.DIRECT, 30, "pod_hit")
+
+
+def test_prefers_cheaper_local_snapshot_over_larger_remote_pull() -> None:
+    """Local 30 blocks vs remote 31 blocks of a 400 MB file: the local one saves more time."""
+    lookup = Lookup(snapshots=(snapshot("remote", "a", 31, size_bytes=4 * 10**8), snapshot("local", "b", 30)))
+    choice = choose_action(PROMPT, endpoint("b"), 0, lookup, ActionCosts())
+    assert choice.snapshot is not None and choice.snapshot.name == "local"
+
+
+def test_cost_model_is_linear_in_its_parameters() -> None:
+    costs = ActionCosts(
+        chars_per_token=4, prefill_tokens_per_s=1000, restore_bytes_per_s=1e6, restore_overhead_s=0
+    )
+    assert compute_seconds(4, 1000, costs) == 1.0
+    snap = snapshot("s", "b", 1, size_bytes=2_000_000)
+    assert restore_seconds(snap, False, costs) == 2.0
+    assert (
+        restore_seconds(snap, True, costs)
+        == 2.0 + 2e6 / costs.transfer_bytes_per_s + costs.transfer_overhead_s
+    )

@@ -1,0 +1,166 @@
+"""The scheduler end to end with the default config, fake index and shared fake leases."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from llamafleet_core.types import Action, Lookup
+from llamafleet_router.scheduling.config import default_config
+from llamafleet_router.scheduling.framework import ANY_SLOT, EndpointState, NoEndpointError
+from llamafleet_router.scheduling.scheduler import Scheduler
+
+from .fakes import FakeIndex, FakeLeases, request, slot, snapshot, state
+
+
+def make(
+    index: FakeIndex, leases: FakeLeases | None = None, holder: str = "router-1", **kw: object
+) -> Scheduler:
+    return Scheduler(
+        default_config(),
+        index=index,
+        leases=leases or FakeLeases(),
+        holder_prefix=holder,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def fleet(**busy: tuple[int, ...]) -> list[EndpointState]:
+    return [state(n, busy=busy.get(n, ())) for n in "abc"]
+
+
+async def test_goes_direct_to_the_slot_holding_the_prefix() -> None:
+    """Pod b slot 2 holds 9 of 10 blocks: the request is pinned there, leased, DIRECT."""
+    leases = FakeLeases()
+    sched = make(FakeIndex(Lookup(slots={slot("b", 2): 9, slot("a", 0): 2})), leases)
+    d = await sched.schedule(request(n_blocks=10), fleet())
+    assert (d.endpoint.pod.name, d.slot, d.action, d.branch, d.predicted_blocks) == (
+        "b",
+        2,
+        Action.DIRECT,
+        "slot_hit",
+        9,
+    )
+    assert d.lease_holder == "router-1:r1"
+    assert leases.held == {slot("b", 2): "router-1:r1"}
+    await sched.release(d)
+    assert leases.held == {}
+
+
+async def test_restores_snapshot_into_another_slot_when_holder_slot_is_busy() -> None:
+    """b's slot 2 is busy; b's local snapshot of the prefix is restored into an idle slot of b."""
+    index = FakeIndex(Lookup(slots={slot("b", 2): 10}, snapshots=(snapshot("pfx", "b", 10),)))
+    d = await make(index).schedule(request(n_blocks=40), fleet(b=(2,)))
+    assert (d.endpoint.pod.name, d.action, d.branch) == ("b", Action.RESTORE, "restore")
+    assert d.slot != 2
+    assert d.snapshot is not None and d.snapshot.name == "pfx"
+
+
+async def test_uses_another_slot_when_holder_slot_is_busy_and_no_snapshot_exists() -> None:
+    """Without a snapshot, the request is computed on an idle slot; the busy slot is never chosen."""
+    index = FakeIndex(Lookup(slots={slot("b", 2): 10}))
+    d = await make(index).schedule(request(n_blocks=10), fleet(b=(2,)))
+    assert (d.endpoint.pod.name, d.slot) != ("b", 2)
+    assert d.action is Action.COMPUTE
+    assert d.lease_holder is not None
+
+
+async def test_two_schedulers_agree_on_the_pod_when_index_is_down() -> None:
+    """Redis down: replicas with no shared state send the same session prefix to the same pod."""
+    eps = [state(n) for n in "abcdef"]
+    one = make(FakeIndex(down=True), holder="r1")
+    two = make(FakeIndex(down=True), holder="r2")
+    pods = set()
+    for i in range(20):
+        req = request("sys", 12, session_blocks=6, request_id=f"q{i}")
+        d1 = await one.schedule(req, eps)
+        d2 = await two.schedule(req, list(reversed(eps)))
+        assert d1.branch == d2.branch == "degraded_hash"
+        assert d1.action is Action.DIRECT
+        assert d1.endpoint == d2.endpoint
+        pods.add(d1.endpoint.pod.name)
+        await one.release(d1)
+        await two.release(d2)
+    assert len(pods) == 1
+
+
+async def test_session_goes_back_to_its_slot_when_index_is_down() -> None:
+    """Affinity beats the degraded hash: the previous turn's slot holds the whole conversation."""
+    eps = [state(n) for n in "abcd"]
+    sched = make(FakeIndex(down=True))
+    first = await sched.schedule(request("x", 8, session_blocks=4, session_id="s1"), eps)
+    await sched.release(first)
+    # The same session with a different system prompt would hash elsewhere; affinity keeps it.
+    second = await sched.schedule(request("y", 8, session_blocks=4, session_id="s1", request_id="r2"), eps)
+    assert (second.endpoint, second.slot, second.branch) == (first.endpoint, first.slot, "session_affinity")
+
+
+async def test_concurrent_schedulers_never_lease_the_same_slot_twice() -> None:
+    """Two replicas sharing one lease store: at any moment each slot has at most one leased request.
+
+    All 12 requests see the same (stale) load picture, so they all prefer the same slots; the lease is
+    what keeps them apart. 8 slots exist, so 4 requests end up queued without a lease.
+    """
+    leases = FakeLeases()
+    index = FakeIndex(Lookup(slots={slot("a", 0): 10}))
+    eps = [state("a"), state("b")]
+    one, two = make(index, leases, "r1"), make(index, leases, "r2")
+    reqs = [request(n_blocks=10, request_id=f"q{i}") for i in range(12)]
+    decisions = await asyncio.gather(*((one if i % 2 else two).schedule(r, eps) for i, r in enumerate(reqs)))
+    leased = [d for d in decisions if d.lease_holder is not None]
+    assert len(leased) == 8
+    assert len({d.slot_ref for d in leased}) == 8
+    assert {d.branch for d in decisions if d.lease_holder is None} == {"queued"}
+    assert len(leases.held) == 8
+    await asyncio.gather(*(one.release(d) for d in decisions))
+    assert leases.held == {}
+
+
+async def test_queues_on_the_slot_holding_most_of_the_prefix_when_all_slots_are_busy() -> None:
+    """Every slot busy: no lease, pinned to the slot with the longest match (llama-server defers it)."""
+    eps = [state("a", busy=(0, 1, 2, 3)), state("b", busy=(0, 1, 2, 3))]
+    d = await make(FakeIndex(Lookup(slots={slot("b", 3): 7, slot("b", 1): 2}))).schedule(request(), eps)
+    assert (d.endpoint.pod.name, d.slot, d.branch, d.lease_holder, d.predicted_blocks) == (
+        "b",
+        3,
+        "queued",
+        None,
+        7,
+    )
+
+
+async def test_queued_request_without_any_match_is_not_pinned() -> None:
+    """Pinning to a busy slot that holds nothing only adds waiting: let the server choose."""
+    eps = [state("a", busy=(0, 1, 2, 3), queue=3), state("b", busy=(0, 1, 2, 3))]
+    d = await make(FakeIndex()).schedule(request(), eps)
+    assert (d.endpoint.pod.name, d.slot, d.branch) == ("b", ANY_SLOT, "queued")
+
+
+async def test_proceeds_without_lease_when_lease_store_is_down() -> None:
+    """Redis down for leases must not fail the request."""
+    leases = FakeLeases(down=True)
+    sched = make(FakeIndex(Lookup(slots={slot("b", 2): 9})), leases)
+    d = await sched.schedule(request(), fleet())
+    assert (d.endpoint.pod.name, d.slot, d.lease_holder) == ("b", 2, None)
+    assert leases.acquires == 1
+    await sched.release(d)
+
+
+async def test_raises_no_endpoint_when_no_pod_serves_the_model() -> None:
+    with pytest.raises(NoEndpointError, match="model"):
+        await make(FakeIndex()).schedule(request(model="unknown"), fleet())
+
+
+async def test_reports_latency_of_every_plugin_to_metrics_hook() -> None:
+    calls: list[tuple[str, str, str, float]] = []
+    sched = make(FakeIndex(), metrics_hook=lambda *a: calls.append(a))
+    await sched.schedule(request(), fleet())
+    points = {(p, t) for p, t, _, _ in calls}
+    assert {
+        ("producer", "prefix-lookup"),
+        ("filter", "healthy"),
+        ("scorer", "prefix-match"),
+        ("picker", "max-score"),
+    } <= points
+    assert all(seconds >= 0 for *_, seconds in calls)

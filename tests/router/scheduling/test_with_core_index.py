@@ -1,0 +1,60 @@
+"""The scheduler over the core package's real in-memory index, leases and prompt identity.
+
+This checks the structural contracts (`PromptLike`, `PrefixIndexLike`, `SlotLeasesLike`) against the
+classes the app will pass in, both for mypy (the annotated assignments) and at run time.
+"""
+
+from __future__ import annotations
+
+from llamafleet_core.index.memory import InMemoryPrefixIndex, InMemorySlotLeases
+from llamafleet_core.prefix.hashing import block_chain
+from llamafleet_core.prefix.identity import PromptIdentity
+from llamafleet_core.types import Action, SnapshotRef
+from llamafleet_router.scheduling.config import default_config
+from llamafleet_router.scheduling.framework import PrefixIndexLike, PromptLike, SchedRequest, SlotLeasesLike
+from llamafleet_router.scheduling.scheduler import Scheduler
+
+from .fakes import MODEL, slot, state
+
+SYSTEM = "<|im_start|>system\n" + "You are a careful agent. " * 200
+TEXT = SYSTEM + "<|im_start|>user\nhello<|im_end|>\n"
+
+
+def identity(text: str = TEXT) -> PromptIdentity:
+    blocks = block_chain(text, seed=MODEL)
+    return PromptIdentity(MODEL, text, blocks, 256, len(SYSTEM), "raw")
+
+
+async def test_routes_to_slot_recorded_in_the_core_in_memory_index() -> None:
+    """A slot recorded with the prompt's chain attracts the request, DIRECT, with a real lease."""
+    index: PrefixIndexLike = InMemoryPrefixIndex()
+    leases: SlotLeasesLike = InMemorySlotLeases()
+    prompt: PromptLike = identity()
+    assert isinstance(index, InMemoryPrefixIndex) and isinstance(prompt, PromptIdentity)
+    await index.record_slot(MODEL, slot("b", 2), prompt.blocks, 4000)
+    sched = Scheduler(default_config(), index=index, leases=leases, holder_prefix="r1")
+    d = await sched.schedule(SchedRequest("q1", MODEL, prompt), [state("a"), state("b"), state("c")])
+    assert (d.endpoint.pod.name, d.slot, d.action, d.predicted_blocks) == (
+        "b",
+        2,
+        Action.DIRECT,
+        len(prompt.blocks),
+    )
+    assert isinstance(leases, InMemorySlotLeases)
+    assert await leases.holder(slot("b", 2)) == d.lease_holder
+    await sched.release(d)
+    assert await leases.holder(slot("b", 2)) is None
+
+
+async def test_restores_core_index_snapshot_of_the_session_prefix_when_holder_is_busy() -> None:
+    """The session prefix's snapshot on pod b is restored into an idle slot of b."""
+    index = InMemoryPrefixIndex()
+    prompt = identity()
+    n = len(prompt.session_blocks)
+    await index.record_slot(MODEL, slot("b", 2), prompt.blocks, 4000)
+    snap = SnapshotRef("pfx", "uid-b", n, n * 64, 3_000_000, last_block=prompt.session_blocks[-1])
+    await index.record_snapshot(MODEL, snap, prompt.session_blocks)
+    sched = Scheduler(default_config(), index=index, leases=InMemorySlotLeases(), holder_prefix="r1")
+    d = await sched.schedule(SchedRequest("q1", MODEL, prompt), [state("a"), state("b", busy=(2,))])
+    assert (d.endpoint.pod.name, d.action, d.predicted_blocks) == ("b", Action.RESTORE, n)
+    assert d.slot != 2 and d.snapshot is not None and d.snapshot.name == "pfx"
