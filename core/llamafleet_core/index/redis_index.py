@@ -1,0 +1,224 @@
+"""The prefix index and slot leases in Redis: one Lua script per operation, one round trip each.
+
+Key schema (`P` = prefix, default `lf`; `M` = the model name, percent-encoded so that `:` in a model
+name cannot make two models share keys):
+
+- `P:M:b:{hash}`      ZSET, members `pod_uid#slot` (`SlotRef.key()`), score = the entry's deadline
+                      (server ms). Scoring by deadline rather than last use lets every reader filter
+                      expired members with one range query, whatever TTL the writer used.
+- `P:M:slot:{slotkey}` HASH `blocks` (JSON list), `n_tokens`, `deadline`: what the slot holds, so that
+                      `record_slot` can drop the slot from blocks it no longer holds.
+- `P:M:snap:{hash}`   ZSET of snapshot ids whose LAST block is `hash`, scored by deadline.
+- `P:M:snaplast`      SET of the block hashes some snapshot ends at: one SMISMEMBER per lookup finds
+                      which of the query's blocks end a snapshot.
+- `P:M:snaps`         HASH snapshot id -> JSON of the SnapshotRef plus its deadline. A snapshot id is
+                      the JSON `[pod_uid, name]`, so no separator can be ambiguous.
+- `P:pod:{uid}`       SET of JSON references to the pod's entries in every model, for `purge_pod`.
+- `P:lease:{slotkey}` STRING holder, with PX expiry.
+
+Every key gets a PEXPIRE no shorter than its longest-lived entry, so abandoned entries vanish on their
+own; readers additionally ignore members whose deadline has passed. All times come from the Redis
+server's clock. Any failure (connection refused, timeout, a command error) surfaces as
+`IndexUnavailable`, the router's cue to route without the index.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+from urllib.parse import quote
+
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+
+from llamafleet_core.index import redis_lua
+from llamafleet_core.index.base import (
+    DEFAULT_PREFIX,
+    DEFAULT_SLOT_TTL_S,
+    DEFAULT_SNAPSHOT_TTL_S,
+    IndexUnavailable,
+    check_snapshot,
+    snapshot_order,
+)
+from llamafleet_core.types import Lookup, SlotRef, SnapshotRef
+
+T = TypeVar("T")
+DEFAULT_OP_TIMEOUT_S = 1.0
+
+
+def connect(url: str, *, timeout_s: float = 0.5) -> aioredis.Redis:
+    """A client tuned to fail fast: short socket timeouts and one immediate retry.
+
+    The retry re-dials a pooled connection that died with a restarted server; no backoff, because the
+    router would rather route without the index now than wait for it.
+    """
+    client: aioredis.Redis = aioredis.Redis.from_url(
+        url,
+        socket_connect_timeout=timeout_s,
+        socket_timeout=timeout_s,
+        retry=Retry(NoBackoff(), 1),
+    )
+    return client
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _ms(seconds: float) -> int:
+    return max(1, round(seconds * 1000))
+
+
+def _snapshot_from_json(raw: Any) -> SnapshotRef:
+    d = json.loads(_text(raw))
+    return SnapshotRef(
+        name=str(d["name"]),
+        pod_uid=str(d["pod_uid"]),
+        n_blocks=int(d["n_blocks"]),
+        n_tokens=int(d["n_tokens"]),
+        size_bytes=int(d["size_bytes"]),
+        last_block=str(d["last_block"]),
+    )
+
+
+class _RedisBase:
+    """What both Redis classes share: the injected client, the prefix and error translation."""
+
+    def __init__(self, client: aioredis.Redis, prefix: str, op_timeout_s: float) -> None:
+        self._client = client
+        self._prefix = prefix
+        self._op_timeout_s = op_timeout_s
+        self._owns_client = False
+
+    async def _call(self, op: Callable[[], Awaitable[T]]) -> T:
+        """Run one Redis operation with a hard deadline, mapping every failure to IndexUnavailable."""
+        try:
+            async with asyncio.timeout(self._op_timeout_s):
+                return await op()
+        except (RedisError, OSError, TimeoutError) as exc:
+            raise IndexUnavailable(f"redis: {type(exc).__name__}: {exc}") from exc
+
+    async def ping(self) -> bool:
+        try:
+            return bool(await self._call(self._client.ping))
+        except IndexUnavailable:
+            return False
+
+    async def close(self) -> None:
+        """Close the client only if this object created it (`from_url`); an injected one is the caller's."""
+        if self._owns_client:
+            await self._client.aclose()
+
+
+class RedisPrefixIndex(_RedisBase):
+    """`PrefixIndex` over Redis; see the module docstring for the key schema."""
+
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        *,
+        prefix: str = DEFAULT_PREFIX,
+        slot_ttl_s: float = DEFAULT_SLOT_TTL_S,
+        snapshot_ttl_s: float = DEFAULT_SNAPSHOT_TTL_S,
+        op_timeout_s: float = DEFAULT_OP_TIMEOUT_S,
+    ) -> None:
+        super().__init__(client, prefix, op_timeout_s)
+        self.slot_ttl_s = slot_ttl_s
+        self.snapshot_ttl_s = snapshot_ttl_s
+        reg = client.register_script
+        self._lookup = reg(redis_lua.LOOKUP)
+        self._record_slot = reg(redis_lua.RECORD_SLOT)
+        self._record_snapshot = reg(redis_lua.RECORD_SNAPSHOT)
+        self._forget_snapshot = reg(redis_lua.FORGET_SNAPSHOT)
+        self._snapshots = reg(redis_lua.SNAPSHOTS)
+        self._purge_pod = reg(redis_lua.PURGE_POD)
+
+    @classmethod
+    def from_url(cls, url: str, **kwargs: Any) -> RedisPrefixIndex:
+        """An index that owns a fail-fast client (`connect`) and closes it in `close()`."""
+        index = cls(connect(url), **kwargs)
+        index._owns_client = True
+        return index
+
+    def _base(self, model: str) -> str:
+        return f"{self._prefix}:{quote(model, safe='')}:"
+
+    def _pod_key(self, pod_uid: str) -> str:
+        return f"{self._prefix}:pod:{quote(pod_uid, safe='')}"
+
+    async def lookup(self, model: str, blocks: Sequence[str]) -> Lookup:
+        if not blocks:
+            return Lookup()
+        raw = await self._call(lambda: self._lookup(args=[self._base(model), *blocks]))
+        flat, snaps = _text(raw[0]).split("\n"), _text(raw[1])
+        slots = {SlotRef.parse(flat[i]): int(flat[i + 1]) for i in range(0, len(flat) - 1, 2)}
+        found = sorted((_snapshot_from_json(s) for s in snaps.split("\n") if s), key=snapshot_order)
+        return Lookup(slots=slots, snapshots=tuple(found))
+
+    async def record_slot(self, model: str, slot: SlotRef, blocks: Sequence[str], n_tokens: int) -> None:
+        args: list[str | int] = [
+            self._base(model), self._pod_key(slot.pod_uid), slot.key(), _ms(self.slot_ttl_s), n_tokens
+        ]
+        await self._call(lambda: self._record_slot(args=[*args, *blocks]))
+
+    async def forget_slot(self, model: str, slot: SlotRef) -> None:
+        await self.record_slot(model, slot, (), 0)
+
+    async def record_snapshot(self, model: str, snap: SnapshotRef, blocks: Sequence[str]) -> None:
+        snap = check_snapshot(snap, blocks)
+        payload = json.dumps(
+            {"name": snap.name, "pod_uid": snap.pod_uid, "n_blocks": snap.n_blocks,
+             "n_tokens": snap.n_tokens, "size_bytes": snap.size_bytes, "last_block": snap.last_block}
+        )
+        args: list[str | int] = [
+            self._base(model), self._pod_key(snap.pod_uid), json.dumps([snap.pod_uid, snap.name]),
+            _ms(self.snapshot_ttl_s), payload, snap.last_block,
+        ]
+        await self._call(lambda: self._record_snapshot(args=args))
+
+    async def forget_snapshot(self, model: str, name: str, pod_uid: str) -> None:
+        args = [self._base(model), self._pod_key(pod_uid), json.dumps([pod_uid, name])]
+        await self._call(lambda: self._forget_snapshot(args=args))
+
+    async def snapshots(self, model: str, pod_uid: str | None = None) -> list[SnapshotRef]:
+        raw = await self._call(lambda: self._snapshots(args=[self._base(model)]))
+        found = [_snapshot_from_json(r) for r in raw]
+        return sorted((s for s in found if pod_uid is None or s.pod_uid == pod_uid),
+                      key=lambda s: (s.name, s.pod_uid))
+
+    async def purge_pod(self, pod_uid: str) -> int:
+        removed = await self._call(lambda: self._purge_pod(args=[self._pod_key(pod_uid)]))
+        return int(removed)
+
+
+class RedisSlotLeases(_RedisBase):
+    """`SlotLeases` over Redis: SET NX PX to take, Lua compare-and-delete to give back."""
+
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        *,
+        prefix: str = DEFAULT_PREFIX,
+        op_timeout_s: float = DEFAULT_OP_TIMEOUT_S,
+    ) -> None:
+        super().__init__(client, prefix, op_timeout_s)
+        self._acquire = client.register_script(redis_lua.ACQUIRE_LEASE)
+        self._release = client.register_script(redis_lua.RELEASE_LEASE)
+
+    def _key(self, slot: SlotRef) -> str:
+        return f"{self._prefix}:lease:{quote(slot.key(), safe='')}"
+
+    async def acquire(self, slot: SlotRef, holder: str, ttl_s: float) -> bool:
+        got = await self._call(lambda: self._acquire(keys=[self._key(slot)], args=[holder, _ms(ttl_s)]))
+        return bool(int(got))
+
+    async def release(self, slot: SlotRef, holder: str) -> None:
+        await self._call(lambda: self._release(keys=[self._key(slot)], args=[holder]))
+
+    async def holder(self, slot: SlotRef) -> str | None:
+        raw = await self._call(lambda: self._client.get(self._key(slot)))
+        return None if raw is None else _text(raw)

@@ -1,0 +1,240 @@
+"""Lua scripts of the Redis prefix index (see `redis_index` for the key schema they implement).
+
+Each public operation is one script, so it is atomic and costs one round trip. Scripts build key names
+from a per-model base passed in ARGV rather than KEYS: a slot's old blocks are only known inside Redis,
+so this targets a single Redis (or a primary with replicas), not Redis Cluster.
+
+Time is the server's (`TIME`), not the caller's: router replicas with skewed clocks then agree on what
+has expired.
+"""
+
+from __future__ import annotations
+
+_PRELUDE = """
+if redis.replicate_commands then redis.replicate_commands() end
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+-- Never shorten a key's life: other entries in it may have later deadlines.
+local function extend(key, ttl)
+  if redis.call('PTTL', key) < ttl then redis.call('PEXPIRE', key, ttl) end
+end
+-- A snapshot id leaves the set of its last block; the block leaves `snaplast` when no snapshot ends there.
+local function drop_snapshot(base, last, id)
+  local key = base .. 'snap:' .. last
+  redis.call('ZREM', key, id)
+  if redis.call('ZCARD', key) == 0 then redis.call('SREM', base .. 'snaplast', last) end
+end
+local function add_member(key, deadline, member, now, ttl)
+  redis.call('ZADD', key, deadline, member)
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+  extend(key, ttl)
+end
+"""
+
+# ARGV: base, pod set key, slot key, ttl ms, n_tokens, block hashes...  -> number of blocks recorded
+RECORD_SLOT = _PRELUDE + """
+local base, podkey, member, ttl, ntok = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
+local now = now_ms()
+local deadline = now + ttl
+local skey = base .. 'slot:' .. member
+local new, chain = {}, {}
+for i = 6, #ARGV do new[ARGV[i]] = true; chain[#chain + 1] = ARGV[i] end
+local old = redis.call('HGET', skey, 'blocks')
+if old then
+  for _, h in ipairs(cjson.decode(old)) do
+    if not new[h] then redis.call('ZREM', base .. 'b:' .. h, member) end
+  end
+end
+local podentry = cjson.encode({'s', base, member})
+if #chain == 0 then
+  redis.call('DEL', skey)
+  redis.call('SREM', podkey, podentry)
+  return 0
+end
+for _, h in ipairs(chain) do add_member(base .. 'b:' .. h, deadline, member, now, ttl) end
+redis.call('HSET', skey, 'blocks', cjson.encode(chain), 'n_tokens', ntok, 'deadline', deadline)
+redis.call('PEXPIRE', skey, ttl)
+redis.call('SADD', podkey, podentry)
+extend(podkey, ttl)
+return #chain
+"""
+
+# ARGV: base, block hashes...  -> {"slotkey\nn_blocks\n...", "snapshot json\n..."}
+# Slots. Chained hashes make membership monotone: a slot in block i's set is in the sets of blocks
+# 0..i, so c(i), the number of live members of block i's set, never grows with i, and a slot's run ends
+# where it leaves the sets. Find the D drop points of c with a binary search of ZCOUNTs (O(D log n)),
+# then either diff the live members at each drop point (cheap when D is small, the usual case: slots
+# sharing a prefix diverge together) or binary-search each slot over the drop points with ZSCORE
+# (O(slots log D), for many distinct run lengths), whichever touches less. ZDIFF measured slower than
+# the diff in Lua. A walk of every block costs n * slots instead.
+# Snapshots: one SMISMEMBER finds which query blocks end some snapshot; only those are read.
+LOOKUP = _PRELUDE + """
+local base = ARGV[1]
+local n = #ARGV - 1
+local now = now_ms()
+local lo = '(' .. now
+local function bkey(i) return base .. 'b:' .. ARGV[i + 1] end
+local function count(i) return redis.call('ZCOUNT', bkey(i), lo, '+inf') end
+local function live(i) return redis.call('ZRANGEBYSCORE', bkey(i), lo, '+inf') end
+local out = {}
+local function emit(m, run) out[#out + 1] = m; out[#out + 1] = run end
+local c1 = n >= 1 and count(1) or 0
+if c1 > 0 then
+  local cn = n > 1 and count(n) or c1
+  -- 1. The drop points: positions a where c(a) > c(a + 1).
+  local drops, stack = {}, {{1, c1, n, cn}}
+  while #stack > 0 do
+    local seg = table.remove(stack)
+    local a, ca, b, cb = seg[1], seg[2], seg[3], seg[4]
+    if ca ~= cb and b == a + 1 then
+      drops[#drops + 1] = {a, ca, cb}
+    elseif ca ~= cb then
+      local mid = math.floor((a + b) / 2)
+      local cm = count(mid)
+      stack[#stack + 1] = {a, ca, mid, cm}
+      stack[#stack + 1] = {mid, cm, b, cb}
+    end
+  end
+  table.sort(drops, function(x, y) return x[1] < y[1] end)
+  -- 2. Who leaves where. Diffing member lists touches sum(c(a) + c(a + 1)) members; a binary search
+  -- per slot over the run ends makes c1 * log2(ends) ZSCORE calls (about 6 member steps each).
+  local ends, diff_cost = {}, 0
+  for _, d in ipairs(drops) do ends[#ends + 1] = d[1]; diff_cost = diff_cost + d[2] + d[3] end
+  if cn > 0 then ends[#ends + 1] = n end
+  if c1 * math.ceil(math.log(#ends + 1) / math.log(2)) * 6 < diff_cost then
+    for _, m in ipairs(live(1)) do
+      local lo_i, hi_i = 1, #ends  -- every candidate holds ends[1]: no run is shorter
+      while lo_i < hi_i do
+        local mid = math.ceil((lo_i + hi_i) / 2)
+        local score = redis.call('ZSCORE', bkey(ends[mid]), m)
+        if score and tonumber(score) > now then lo_i = mid else hi_i = mid - 1 end
+      end
+      emit(m, ends[lo_i])
+    end
+  else
+    for _, d in ipairs(drops) do
+      local a, cb = d[1], d[3]
+      if cb == 0 then
+        for _, m in ipairs(live(a)) do emit(m, a) end
+      else
+        local stay = {}
+        for _, m in ipairs(live(a + 1)) do stay[m] = true end
+        for _, m in ipairs(live(a)) do if not stay[m] then emit(m, a) end end
+      end
+    end
+    if cn > 0 then for _, m in ipairs(live(n)) do emit(m, n) end end
+  end
+end
+local snaps = {}
+if n >= 1 then
+  local catalog = base .. 'snaps'
+  local hits = redis.call('SMISMEMBER', base .. 'snaplast', unpack(ARGV, 2))
+  for i = 1, n do
+    if hits[i] == 1 then
+      for _, id in ipairs(redis.call('ZRANGEBYSCORE', base .. 'snap:' .. ARGV[i + 1], lo, '+inf')) do
+        local raw = redis.call('HGET', catalog, id)
+        if raw and tonumber(cjson.decode(raw).n_blocks) == i then snaps[#snaps + 1] = raw end
+      end
+    end
+  end
+end
+-- Two bulk strings rather than hundreds of array items: the client parses them far faster.
+return {table.concat(out, '\\n'), table.concat(snaps, '\\n')}
+"""
+
+# ARGV: base, pod set key, snapshot id, ttl ms, snapshot json (no deadline), last block
+RECORD_SNAPSHOT = _PRELUDE + """
+local base, podkey, id, ttl, payload, last = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5], ARGV[6]
+local now = now_ms()
+local deadline = now + ttl
+local catalog = base .. 'snaps'
+local old = redis.call('HGET', catalog, id)
+if old then
+  local prev = cjson.decode(old).last_block
+  if prev ~= last then drop_snapshot(base, prev, id) end
+end
+local snap = cjson.decode(payload)
+snap.deadline = deadline
+redis.call('HSET', catalog, id, cjson.encode(snap))
+extend(catalog, ttl)
+add_member(base .. 'snap:' .. last, deadline, id, now, ttl)
+redis.call('SADD', base .. 'snaplast', last)
+extend(base .. 'snaplast', ttl)
+redis.call('SADD', podkey, cjson.encode({'n', base, id}))
+extend(podkey, ttl)
+return 1
+"""
+
+# ARGV: base, pod set key, snapshot id
+FORGET_SNAPSHOT = _PRELUDE + """
+local base, podkey, id = ARGV[1], ARGV[2], ARGV[3]
+local catalog = base .. 'snaps'
+local old = redis.call('HGET', catalog, id)
+if old then
+  drop_snapshot(base, cjson.decode(old).last_block, id)
+  redis.call('HDEL', catalog, id)
+end
+redis.call('SREM', podkey, cjson.encode({'n', base, id}))
+return old and 1 or 0
+"""
+
+# ARGV: base -> live snapshot payloads; expired ones are deleted on the way (the catalog is one hash
+# whose fields cannot expire on their own in Redis 7.0).
+SNAPSHOTS = _PRELUDE + """
+local catalog = ARGV[1] .. 'snaps'
+local now = now_ms()
+local live = {}
+local all = redis.call('HGETALL', catalog)
+for i = 1, #all, 2 do
+  if cjson.decode(all[i + 1]).deadline > now then live[#live + 1] = all[i + 1]
+  else redis.call('HDEL', catalog, all[i]) end
+end
+return live
+"""
+
+# ARGV: pod set key -> how many live entries were removed
+PURGE_POD = _PRELUDE + """
+local podkey = ARGV[1]
+local now = now_ms()
+local removed = 0
+for _, e in ipairs(redis.call('SMEMBERS', podkey)) do
+  local ref = cjson.decode(e)
+  local kind, base, id = ref[1], ref[2], ref[3]
+  if kind == 's' then
+    local skey = base .. 'slot:' .. id
+    local blocks = redis.call('HGET', skey, 'blocks')
+    if blocks then
+      for _, h in ipairs(cjson.decode(blocks)) do redis.call('ZREM', base .. 'b:' .. h, id) end
+      if tonumber(redis.call('HGET', skey, 'deadline')) > now then removed = removed + 1 end
+      redis.call('DEL', skey)
+    end
+  else
+    local catalog = base .. 'snaps'
+    local raw = redis.call('HGET', catalog, id)
+    if raw then
+      local snap = cjson.decode(raw)
+      drop_snapshot(base, snap.last_block, id)
+      redis.call('HDEL', catalog, id)
+      if snap.deadline > now then removed = removed + 1 end
+    end
+  end
+end
+redis.call('DEL', podkey)
+return removed
+"""
+
+# KEYS: lease key; ARGV: holder, ttl ms -> 1 if the holder now holds it. The current holder refreshes.
+ACQUIRE_LEASE = """
+local cur = redis.call('GET', KEYS[1])
+if cur == ARGV[1] then redis.call('PEXPIRE', KEYS[1], ARGV[2]); return 1 end
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
+return 0
+"""
+
+# KEYS: lease key; ARGV: holder. Compare-and-delete: an expired lease may already be someone else's.
+RELEASE_LEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
