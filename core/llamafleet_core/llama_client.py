@@ -67,7 +67,9 @@ class LlamaClient:
         result = await self._call("POST", "/apply-template", body)
         return str(result["prompt"])
 
-    async def prefill(self, prompt: str | list[int], slot: int, timeout: float | None = None) -> dict[str, Any]:
+    async def prefill(
+        self, prompt: str | list[int], slot: int, timeout: float | None = None
+    ) -> dict[str, Any]:
         """Compute `prompt` into `slot` and generate nothing (`n_predict: 0`)."""
         body = {"prompt": prompt, "n_predict": 0, "id_slot": slot, "cache_prompt": True}
         result: dict[str, Any] = await self._call("POST", "/completion", body, timeout=timeout)

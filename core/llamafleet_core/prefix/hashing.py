@@ -1,0 +1,73 @@
+"""Block-hash chain of a rendered prompt: the keys of the prefix index.
+
+The prompt text is cut into fixed-size blocks of characters and hash i covers blocks 0..i
+(h_i = H(h_{i-1} || block_i)). So one hash names a whole prefix: two prompts share their first k
+hashes exactly when they share their first k*block_chars characters (up to 64-bit collisions),
+and the index can answer "longest held prefix" by looking hashes up, with no text comparison.
+
+Characters rather than tokens: the router must hash before any tokenizer runs, and the chat
+template's special-token boundaries (where the session cut lands) are character positions.
+
+The chain is seeded with the model name, so two models never share a hash even for equal text.
+Only full blocks are hashed: a partial tail block would change as the prompt grows and would never
+match anything stored.
+
+Cost: about 0.2 ms for 60K characters (234 blake2b calls over 256-character blocks).
+"""
+
+from __future__ import annotations
+
+from hashlib import blake2b
+
+BLOCK_CHARS = 256
+DIGEST_BYTES = 8
+_SEED_DOMAIN = b"llamafleet/prefix/v1\x00"
+
+
+def chain_seed(seed: str) -> bytes:
+    """h_{-1}: the digest the chain starts from, a function of the model name only."""
+    return blake2b(_SEED_DOMAIN + seed.encode("utf-8", "surrogatepass"), digest_size=DIGEST_BYTES).digest()
+
+
+def block_chain(text: str, *, seed: str, block_chars: int = BLOCK_CHARS) -> tuple[str, ...]:
+    """Hex hashes of every full `block_chars`-character block of `text`, each covering all before it."""
+    if block_chars <= 0:
+        raise ValueError("block_chars must be positive")
+    prev = chain_seed(seed)
+    out: list[str] = []
+    full = len(text) - len(text) % block_chars
+    for start in range(0, full, block_chars):
+        h = blake2b(prev, digest_size=DIGEST_BYTES)
+        h.update(text[start:start + block_chars].encode("utf-8", "surrogatepass"))
+        prev = h.digest()
+        out.append(prev.hex())
+    return tuple(out)
+
+
+def extend_chain(
+    chain: tuple[str, ...], text: str, *, seed: str, block_chars: int = BLOCK_CHARS
+) -> tuple[str, ...]:
+    """`block_chain(text)` reusing `chain`, already computed for a prefix of `text` (not checked)."""
+    if block_chars <= 0:
+        raise ValueError("block_chars must be positive")
+    prev = bytes.fromhex(chain[-1]) if chain else chain_seed(seed)
+    out = list(chain)
+    full = len(text) - len(text) % block_chars
+    for start in range(len(chain) * block_chars, full, block_chars):
+        h = blake2b(prev, digest_size=DIGEST_BYTES)
+        h.update(text[start:start + block_chars].encode("utf-8", "surrogatepass"))
+        prev = h.digest()
+        out.append(prev.hex())
+    return tuple(out)
+
+
+def common_blocks(a: tuple[str, ...] | list[str], b: tuple[str, ...] | list[str]) -> int:
+    """How many leading hashes `a` and `b` share: the shared prefix length in blocks.
+
+    Because each hash covers everything before it, the first mismatch ends the shared prefix.
+    """
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i

@@ -1,0 +1,168 @@
+"""A request's prompt identity: its rendered text, block-hash chain and session-prefix cut.
+
+The session prefix is the part of the prompt before the last user message: for an agent, the tools,
+the system prompt and the history, which the next session (or the next turn) will send again. The
+gateway snapshots it and routes on it, so it must satisfy one hard rule: **its tokens are exactly the
+first tokens of the full prompt.** A cut in the middle of text breaks that: BPE merges across the cut
+differ (`"Hello wor" + "ld"` does not tokenize as `"Hello world"`). A cut just before a special token
+(`<|im_start|>` for Qwen) is safe, because llama.cpp splits special tokens out of the text before BPE
+runs, so the text on each side tokenizes on its own.
+
+How the cut is found, without knowing the template:
+1. Render the messages before the last user message, without a generation prompt. The full prompt
+   and this render agree up to where the last user message starts, or earlier when the template
+   renders history differently once a later user message exists (Qwen3.5 adds empty `<think>` blocks
+   to assistant turns after the last query); take their longest common prefix.
+2. Render a probe: the same history followed by a user message with a constant one-character text.
+   It parts from the full prompt exactly where the last user message's text begins, and it also
+   works where step 1 cannot render (Qwen3.5 raises when no user message exists, so the very first
+   turn has no "before" render). Take the later of the two cut points.
+3. Back off from that position to the start of the last special-token marker at or before it
+   (`<|...|>` by default, or the given `markers`), so the cut is a token boundary. Every candidate is
+   a special-token start inside the full prompt, so any of them keeps the token-prefix rule.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from llamafleet_core.prefix.hashing import BLOCK_CHARS, block_chain
+from llamafleet_core.prefix.template import ChatTemplate, PromptError, canonical_render, render_chat
+
+RenderedBy = Literal["template", "fallback", "raw"]
+_SPECIAL = re.compile(r"<\|[^\s<>|]{1,64}\|>")
+
+
+@dataclass(frozen=True)
+class PromptIdentity:
+    """What the router keys a request by. `blocks[i]` covers `text[: (i + 1) * block_chars]`."""
+
+    model: str
+    text: str
+    blocks: tuple[str, ...]
+    block_chars: int
+    session_prefix_chars: int
+    rendered_by: RenderedBy
+
+    @property
+    def session_blocks(self) -> tuple[str, ...]:
+        """Hashes of the full blocks that lie inside the session prefix."""
+        return self.blocks[: self.session_prefix_chars // self.block_chars]
+
+
+def special_token_start(text: str, pos: int, markers: Sequence[str] | None = None) -> int:
+    """The start of the last special-token marker that begins at or before `pos` (0 when none)."""
+    pos = max(0, min(pos, len(text)))
+    if markers:
+        best = 0
+        for marker in markers:
+            if marker:
+                found = text.rfind(marker, 0, pos + len(marker))
+                best = max(best, found)
+        return best
+    start = text.rfind("<|", 0, pos + 2)  # the last "<|" starting at or before pos
+    while start >= 0:
+        if _SPECIAL.match(text, start):
+            return start
+        start = text.rfind("<|", 0, start + 1)  # "<|" cannot fit before start + 1, so strictly earlier
+    return 0
+
+
+def _lcp(a: str, b: str) -> int:
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def _last_user_index(messages: list[Any]) -> int:
+    for i in range(len(messages) - 1, -1, -1):
+        msg = messages[i]
+        if isinstance(msg, Mapping) and msg.get("role") == "user":
+            return i
+    return -1
+
+
+def _probe_content(content: Any) -> str:
+    """A constant content whose first character differs from `content`'s."""
+    first = content if isinstance(content, str) else ""
+    if isinstance(content, list) and content and isinstance(content[0], Mapping):
+        text = content[0].get("text")
+        first = text if isinstance(text, str) else ""
+    return "\x02" if first.startswith("\x01") else "\x01"
+
+
+def _session_cut(
+    template: ChatTemplate | None, body: Mapping[str, Any], messages: list[Any], full: str,
+    path: str, markers: Sequence[str] | None,
+) -> int:
+    idx = _last_user_index(messages)
+    if idx < 0:
+        return len(full)
+    if path == "fallback":
+        plain = canonical_render(body.get("tools"), messages[:idx], False)
+        return special_token_start(full, _lcp(plain, full), markers)
+    # The probe: the same history followed by a constant user message. Its render is shared by every
+    # session with that history (so the render cache serves it), and it parts from the full prompt
+    # exactly where the last user message's text begins.
+    probe = [*messages[:idx], {"role": "user", "content": _probe_content(messages[idx].get("content"))}]
+    probed = render_chat(template, body, messages=probe, add_generation_prompt=False)
+    if probed.path == "template":
+        return special_token_start(full, _lcp(probed.text, full), markers)
+    before = render_chat(template, body, messages=messages[:idx], add_generation_prompt=False)
+    if before.path == "template":
+        return special_token_start(full, _lcp(before.text, full), markers)
+    return 0
+
+
+def chat_identity(
+    body: Mapping[str, Any],
+    template: ChatTemplate | None,
+    *,
+    model: str,
+    block_chars: int = BLOCK_CHARS,
+    markers: Sequence[str] | None = None,
+) -> PromptIdentity:
+    """Identity of a `/v1/chat/completions` body. Raises only `PromptError` (no usable `messages`)."""
+    if not isinstance(body, Mapping):
+        raise PromptError("the request body must be a JSON object")
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        raise PromptError("'messages' must be an array")
+    try:
+        rendered = render_chat(template, body)
+        cut = _session_cut(template, body, messages, rendered.text, rendered.path, markers)
+        blocks = block_chain(rendered.text, seed=model, block_chars=block_chars)
+    except (ValueError, TypeError, RecursionError) as exc:  # e.g. block_chars <= 0, unencodable seed
+        raise PromptError(str(exc)) from exc
+    return PromptIdentity(model, rendered.text, blocks, block_chars, cut, rendered.path)
+
+
+def completion_identity(
+    body: Mapping[str, Any], *, model: str, block_chars: int = BLOCK_CHARS
+) -> PromptIdentity:
+    """Identity of a `/v1/completions` body: a string prompt as is, anything else canonically."""
+    if not isinstance(body, Mapping) or "prompt" not in body:
+        raise PromptError("'prompt' is required")
+    prompt = body["prompt"]
+    if isinstance(prompt, str):
+        text, by = prompt, "raw"
+    else:
+        text = canonical_render(None, [{"role": "prompt", "content": prompt}], False)
+        by = "fallback"
+    try:
+        blocks = block_chain(text, seed=model, block_chars=block_chars)
+    except (ValueError, TypeError) as exc:
+        raise PromptError(str(exc)) from exc
+    rendered_by: RenderedBy = "raw" if by == "raw" else "fallback"
+    return PromptIdentity(model, text, blocks, block_chars, len(text), rendered_by)

@@ -1,0 +1,171 @@
+"""Session-prefix cut and identities: the cut is a special-token start before the last user message."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from llamafleet_core.prefix import (
+    ChatTemplate,
+    PromptError,
+    chat_identity,
+    common_blocks,
+    completion_identity,
+    special_token_start,
+)
+from llamafleet_local.llama_build import source_dir
+
+CAPS = {"supports_string_content": True, "supports_typed_content": False, "supports_system_role": True,
+        "supports_tool_calls": True, "supports_object_arguments": True}
+TOOLS = [
+    {"type": "function", "function": {"name": f"t{i}", "description": "d" * 300,
+                                      "parameters": {"type": "object", "properties": {}}}}
+    for i in range(3)
+]
+
+
+def load(name: str) -> ChatTemplate:
+    caps = {**CAPS, "supports_typed_content": name.startswith("Qwen3.5")}
+    return ChatTemplate(source=(source_dir() / "models" / "templates" / name).read_text(), caps=caps)
+
+
+TEMPLATES = {name: load(name) for name in ("Qwen3.5-4B.jinja", "Qwen-Qwen3-0.6B.jinja")}
+
+
+def history(last_user: str, *, tools: bool = True, turns: int = 2, tail_tool: bool = False) -> dict[str, Any]:
+    msgs: list[dict[str, Any]] = [{"role": "system", "content": "You are an agent. " * 40}]
+    for t in range(turns):
+        msgs.append({"role": "user", "content": f"question {t}"})
+        msgs.append({"role": "assistant", "content": "", "reasoning_content": f"thinking {t}", "tool_calls": [
+            {"id": f"c{t}", "type": "function", "function": {"name": "t1", "arguments": '{"a": 1}'}}]})
+        msgs.append({"role": "tool", "tool_call_id": f"c{t}", "content": f"result {t}"})
+        msgs.append({"role": "assistant", "content": f"answer {t}"})
+    msgs.append({"role": "user", "content": last_user})
+    if tail_tool:
+        msgs.append({"role": "assistant", "tool_calls": [
+            {"id": "z", "type": "function", "function": {"name": "t2", "arguments": "{}"}}]})
+        msgs.append({"role": "tool", "tool_call_id": "z", "content": "late result"})
+    body: dict[str, Any] = {"model": "m", "messages": msgs}
+    if tools:
+        body["tools"] = TOOLS
+    return body
+
+
+@pytest.mark.parametrize("name", TEMPLATES)
+@pytest.mark.parametrize("turns", [0, 2])
+@pytest.mark.parametrize("tools", [True, False])
+def test_cut_lands_on_the_last_user_turn_marker(name: str, turns: int, tools: bool) -> None:
+    """The session prefix ends right before `<|im_start|>user` of the last user message."""
+    ident = chat_identity(history("the last question", tools=tools, turns=turns), TEMPLATES[name], model="m")
+    assert ident.rendered_by == "template"
+    assert ident.text[ident.session_prefix_chars:].startswith("<|im_start|>user\nthe last question<|im_end|>")
+
+
+@pytest.mark.parametrize("name", TEMPLATES)
+def test_sessions_share_the_session_prefix_when_only_the_last_user_message_differs(name: str) -> None:
+    a = chat_identity(history("first session", turns=1), TEMPLATES[name], model="m", block_chars=64)
+    b = chat_identity(history("another one", turns=1), TEMPLATES[name], model="m", block_chars=64)
+    assert a.session_prefix_chars == b.session_prefix_chars
+    assert a.text[: a.session_prefix_chars] == b.text[: b.session_prefix_chars]
+    assert common_blocks(a.blocks, b.blocks) == len(a.session_blocks) == a.session_prefix_chars // 64
+    assert a.blocks[: len(a.session_blocks)] == a.session_blocks
+
+
+@pytest.mark.parametrize("name", TEMPLATES)
+def test_cut_stays_before_the_last_user_message_when_tool_turns_follow_it(name: str) -> None:
+    ident = chat_identity(history("do it", tail_tool=True), TEMPLATES[name], model="m")
+    rest = ident.text[ident.session_prefix_chars:]
+    assert rest.startswith("<|im_start|>user\ndo it<|im_end|>") and "late result" in rest
+
+
+def test_cut_falls_on_a_marker_when_the_template_renders_the_history_differently() -> None:
+    """Qwen3.5 adds `<think>` blocks to assistant turns after the last query; the cut is still the
+    last user message's marker because the probe keeps a user turn at the end."""
+    ident = chat_identity(history("q", turns=2), TEMPLATES["Qwen3.5-4B.jinja"], model="m")
+    assert ident.text[ident.session_prefix_chars:].startswith("<|im_start|>user\nq<|im_end|>")
+    assert "<think>\nthinking 1" not in ident.text[: ident.session_prefix_chars]
+
+
+def test_fallback_identity_cuts_at_the_canonical_user_marker_when_no_template() -> None:
+    ident = chat_identity(history("q", turns=1), None, model="m")
+    assert ident.rendered_by == "fallback"
+    assert ident.text[ident.session_prefix_chars:] == "<|user|>\nq\n<|assistant|>\n"
+
+
+def test_whole_prompt_is_the_session_prefix_when_there_is_no_user_message() -> None:
+    ident = chat_identity({"messages": [{"role": "system", "content": "S"}]}, None, model="m")
+    assert ident.session_prefix_chars == len(ident.text)
+
+
+def test_special_token_start_backs_off_to_the_marker_at_or_before_the_position() -> None:
+    text = "<|a|>hello <| not |> x<|im_start|>user"
+    assert special_token_start(text, text.index("user")) == text.index("<|im_start|>")
+    assert special_token_start(text, text.index("<|im_start|>")) == text.index("<|im_start|>")
+    assert special_token_start(text, text.index("x")) == 0
+    assert special_token_start("no markers", 5) == 0
+    assert special_token_start("ab[INST]cd[INST]", 12, markers=["[INST]"]) == 10
+    assert special_token_start("ab[INST]cd[INST]", 9, markers=["[INST]"]) == 2
+
+
+def test_models_never_share_blocks_when_prompts_are_equal() -> None:
+    body = history("q")
+    a = chat_identity(body, TEMPLATES["Qwen-Qwen3-0.6B.jinja"], model="a")
+    b = chat_identity(body, TEMPLATES["Qwen-Qwen3-0.6B.jinja"], model="b")
+    assert a.text == b.text and common_blocks(a.blocks, b.blocks) == 0
+
+
+def test_completion_identity_hashes_a_string_prompt_as_is() -> None:
+    ident = completion_identity({"prompt": "x" * 600}, model="m")
+    got = (ident.rendered_by, ident.text, len(ident.blocks), ident.session_prefix_chars)
+    assert got == ("raw", "x" * 600, 2, 600)
+
+
+def test_completion_identity_serialises_token_prompts_canonically() -> None:
+    a = completion_identity({"prompt": [1, 2, 3]}, model="m")
+    b = completion_identity({"prompt": [1, 2, 3]}, model="m")
+    assert a.rendered_by == "fallback" and a.text == b.text and "[1,2,3]" in a.text
+
+
+@pytest.mark.parametrize("body", [None, [], "x", {}, {"messages": None}, {"messages": {"role": "user"}}])
+def test_prompt_error_is_raised_when_there_are_no_messages(body: Any) -> None:
+    with pytest.raises(PromptError):
+        chat_identity(body, TEMPLATES["Qwen3.5-4B.jinja"], model="m")
+
+
+def test_prompt_error_is_raised_when_completion_has_no_prompt() -> None:
+    with pytest.raises(PromptError):
+        completion_identity({"messages": []}, model="m")
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
+        st.sampled_from(["role", "content", "tool_calls", "type", "function", "name", "arguments", "text"]),
+        inner, max_size=5),
+    max_leaves=25,
+)
+message = st.fixed_dictionaries(
+    {"role": st.sampled_from(["user", "assistant", "system", "tool", "developer", 7])},
+    optional={"content": json_values, "tool_calls": json_values, "reasoning_content": json_values},
+)
+bodies = st.fixed_dictionaries(
+    {"messages": st.lists(message | json_values, max_size=5)},
+    optional={"tools": json_values, "chat_template_kwargs": json_values},
+) | json_values
+
+
+@settings(max_examples=150, deadline=None)
+@given(bodies, st.sampled_from(list(TEMPLATES)))
+def test_any_json_body_gives_an_identity_or_prompt_error(body: Any, name: str) -> None:
+    """Invalid input is the caller's problem, but it never crashes the gateway."""
+    try:
+        ident = chat_identity(body, TEMPLATES[name], model="m", block_chars=16)
+    except PromptError:
+        return
+    assert 0 <= ident.session_prefix_chars <= len(ident.text)
+    assert len(ident.blocks) == len(ident.text) // 16
+    again = chat_identity(body, TEMPLATES[name], model="m", block_chars=16)
+    assert (again.text, again.session_prefix_chars) == (ident.text, ident.session_prefix_chars)
