@@ -1,0 +1,140 @@
+"""Agent-client-like requests: many tool schemas, a long system prompt, then the conversation.
+
+Real agent clients open every session with the same long prefix: tool schemas (JSON schemas with
+descriptions and nested parameters) and a system prompt that ends with a workspace block and a
+`Conversation started: <date>` line. Sessions of the same day in the same folder differ only at the
+user message; on the next day the date line differs, close to the end of the prefix. This module
+makes such requests deterministically (seeded), sized in characters, so tests, the demo and the
+benchmarks all replay the same shapes.
+
+Sizes: with Qwen tokenizers the JSON of tool schemas runs at about 4.5 characters per token, so
+`prefix_chars=62_000` gives roughly the 14K-token prefix of a real client.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+_WORDS = (
+    "file path line range buffer repository commit branch diff patch test suite module function class "
+    "method argument value return error warning config option flag default timeout retry limit offset "
+    "query result record index cache entry token prompt session user agent tool call output input "
+    "stream chunk request response header status code server client process thread task queue worker "
+    "schedule event handler callback resource object field schema type string number boolean array map "
+    "list item element node tree graph edge path search pattern match replace read write create delete "
+    "update move copy rename open close start stop run build deploy install check verify validate parse "
+    "format render encode decode compress extract archive directory folder workspace project document"
+).split()
+
+CHARS_PER_TOKEN = 4.4  # measured for Qwen tokenizers on this kind of text; used only for sizing
+
+
+def _sentence(rng: random.Random, n_words: int) -> str:
+    words = [rng.choice(_WORDS) for _ in range(n_words)]
+    return " ".join(words).capitalize() + "."
+
+
+def _param(rng: random.Random, depth: int) -> dict[str, Any]:
+    kinds = ("string", "integer", "boolean", "array", "object") if depth < 2 else ("string", "integer")
+    kind = rng.choice(kinds)
+    schema: dict[str, Any] = {"type": kind, "description": _sentence(rng, rng.randint(8, 24))}
+    if kind == "array":
+        schema["items"] = _param(rng, depth + 1)
+    elif kind == "object":
+        props = {f"{rng.choice(_WORDS)}_{i}": _param(rng, depth + 1) for i in range(rng.randint(2, 4))}
+        schema["properties"] = props
+        schema["required"] = sorted(props)[:1]
+    elif kind == "string" and rng.random() < 0.3:
+        schema["enum"] = sorted({rng.choice(_WORDS) for _ in range(4)})
+    return schema
+
+
+def make_tool(rng: random.Random, index: int) -> dict[str, Any]:
+    name = f"{rng.choice(_WORDS)}_{rng.choice(_WORDS)}_{index}"
+    props = {f"{rng.choice(_WORDS)}_{i}": _param(rng, 0) for i in range(rng.randint(3, 7))}
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": " ".join(_sentence(rng, rng.randint(10, 30)) for _ in range(rng.randint(3, 8))),
+            "parameters": {"type": "object", "properties": props, "required": sorted(props)[:2]},
+        },
+    }
+
+
+@dataclass(frozen=True)
+class AgentProfile:
+    """One agent client's fixed prefix: its tools and system prompt for one workspace and one day."""
+
+    tools: tuple[dict[str, Any], ...]
+    system_prompt: str
+
+    def messages(self, user: str, history: tuple[dict[str, Any], ...] = ()) -> list[dict[str, Any]]:
+        return [{"role": "system", "content": self.system_prompt}, *history, {"role": "user", "content": user}]
+
+    def request(
+        self, model: str, user: str, *, history: tuple[dict[str, Any], ...] = (),
+        max_tokens: int = 16, stream: bool = True,
+    ) -> dict[str, Any]:
+        """A chat request as agent clients send it: streaming, usage reported."""
+        body: dict[str, Any] = {
+            "model": model,
+            "messages": self.messages(user, history),
+            "tools": list(self.tools),
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "seed": 42,
+            "stream": stream,
+        }
+        if stream:
+            body["stream_options"] = {"include_usage": True}
+        return body
+
+    @property
+    def prefix_chars(self) -> int:
+        return len(json.dumps(list(self.tools))) + len(self.system_prompt)
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    prefix_chars: int = 62_000  # about 14K tokens
+    tools_share: float = 0.82  # a real client: 47K of 58K characters are tool schemas
+    seed: int = 7
+    workspace: str = "/home/dev/projects/service"
+    day: dt.date = field(default_factory=lambda: dt.date(2026, 11, 2))
+
+
+def make_profile(spec: WorkloadSpec) -> AgentProfile:
+    """Build the tools and system prompt; the same spec always gives the same text."""
+    rng = random.Random(spec.seed)
+    tools: list[dict[str, Any]] = []
+    tools_budget = int(spec.prefix_chars * spec.tools_share)
+    while len(json.dumps(tools)) < tools_budget:
+        tools.append(make_tool(rng, len(tools)))
+    body_budget = spec.prefix_chars - len(json.dumps(tools))
+    paragraphs: list[str] = ["You are a coding agent working in the user's workspace."]
+    while sum(len(p) for p in paragraphs) < max(0, body_budget - 400):
+        paragraphs.append(" ".join(_sentence(rng, rng.randint(8, 20)) for _ in range(5)))
+    workspace = (
+        f"<workspace>\nWorking directory: {spec.workspace}\nGit branch: main\nPlatform: linux\n</workspace>"
+    )
+    started = spec.day.strftime("%A, %B %d, %Y").replace(" 0", " ")
+    system = "\n\n".join([*paragraphs, workspace, f"Conversation started: {started}"])
+    return AgentProfile(tools=tuple(tools), system_prompt=system)
+
+
+def user_question(rng: random.Random) -> str:
+    return "Please " + _sentence(rng, rng.randint(6, 14)).lower()
+
+
+def history_turns(rng: random.Random, turns: int) -> tuple[dict[str, Any], ...]:
+    """A multi-turn history: user questions and assistant answers, as later turns resend them."""
+    out: list[dict[str, Any]] = []
+    for _ in range(turns):
+        out.append({"role": "user", "content": user_question(rng)})
+        out.append({"role": "assistant", "content": _sentence(rng, rng.randint(10, 30))})
+    return tuple(out)

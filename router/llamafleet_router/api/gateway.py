@@ -1,0 +1,208 @@
+"""The inference routes: authenticate, read and check the body, render the prompt identity, schedule,
+proxy, and hand the rest to the after-response hook.
+
+A pod that refuses the connection before anything was streamed is marked down and the request is
+scheduled again on the others (at most `retries` times). Every error the router answers itself is an
+OpenAI-shaped 4xx, except 503 when pods exist but none can take the request.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import httpx
+from starlette.requests import Request
+from starlette.responses import Response
+
+from llamafleet_core.index.base import IndexUnavailable
+from llamafleet_core.types import Action
+from llamafleet_router.api.parse import ParsedRequest, Route, parse_request, upstream_body
+from llamafleet_router.auth import ANONYMOUS, ApiKeys, authenticate
+from llamafleet_router.background import IndexHealth, TaskSet
+from llamafleet_router.discovery.base import Discovery
+from llamafleet_router.errors import ApiError, no_pod_available
+from llamafleet_router.fleet import InFlight, endpoint_states, props_for, resolve_model
+from llamafleet_router.hooks import AfterResponse, Outcome, SchedulerLike
+from llamafleet_router.logs import request_id_var
+from llamafleet_router.metrics import RouterMetrics
+from llamafleet_router.prompts import PromptRenderer
+from llamafleet_router.proxy import PodUnreachable, forward
+from llamafleet_router.scheduling.framework import (
+    ANY_SLOT,
+    Decision,
+    EndpointState,
+    NoEndpointError,
+    SchedRequest,
+)
+
+log = logging.getLogger(__name__)
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body, refusing more than `limit` bytes by Content-Length AND by counting (chunked bodies)."""
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not declared.strip().isdigit():
+            raise ApiError(400, "Invalid Content-Length header.", code="invalid_request")
+        if int(declared) > limit:
+            raise _too_large(limit)
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise _too_large(limit)
+    return bytes(body)
+
+
+def _too_large(limit: int) -> ApiError:
+    return ApiError(413, f"The request body is larger than the {limit} bytes this gateway accepts.",
+                    code="request_too_large")
+
+
+def fallback_decision(states: list[EndpointState]) -> Decision:
+    """When even the scheduler could not decide because the index failed: the least loaded pod, any slot.
+    No request fails because the index is unavailable."""
+    state = min(states, key=lambda s: (s.load, len(s.busy_slots), s.uid))
+    return Decision(state.endpoint, ANY_SLOT, Action.DIRECT, None, 0, "degraded_fallback")
+
+
+@dataclass
+class _Finisher:
+    """Gives back one request's bookkeeping exactly once, synchronously, however the response ended."""
+
+    gateway: Gateway
+    req: SchedRequest
+    decision: Decision
+    key: str
+    started: float
+    done: bool = field(default=False)
+
+    def __call__(self, outcome: Outcome, close: Callable[[], Awaitable[None]] | None) -> None:
+        if self.done:
+            return
+        self.done = True
+        g, d = self.gateway, self.decision
+        g.in_flight.end(d.endpoint.uid, d.endpoint.url, d.slot)
+        g.metrics.requests.labels(self.req.model, self.key, str(outcome.status)).inc()
+        if outcome.error:
+            g.metrics.stream_errors.inc()
+        if outcome.disconnected:
+            g.metrics.client_disconnects.inc()
+        stats = outcome.stats
+        log.info("request finished", extra={
+            "model": self.req.model, "key": self.key, "status": outcome.status, "pod": d.endpoint.url,
+            "slot": d.slot, "action": d.action.value, "branch": d.branch,
+            "predicted_blocks": d.predicted_blocks,
+            "cache_n": stats.cache_n if stats else None, "prompt_n": stats.prompt_n if stats else None,
+            "disconnected": outcome.disconnected, "error": outcome.error,
+            "seconds": round(time.perf_counter() - self.started, 4),
+        })
+        assert g.after is not None
+        g.tasks.spawn(g.after.finished(self.req, d, outcome, close), name="after-response")
+
+
+class Gateway:
+    """The app's request handling; its collaborators are set by `create_app` and its lifespan."""
+
+    def __init__(
+        self, *, keys: ApiKeys, metrics: RouterMetrics, prompts: PromptRenderer, health: IndexHealth,
+        max_body_bytes: int, retries: int,
+    ) -> None:
+        self.keys = keys
+        self.metrics = metrics
+        self.prompts = prompts
+        self.health = health
+        self.max_body_bytes = max_body_bytes
+        self.retries = retries
+        self.tasks = TaskSet()
+        self.in_flight = InFlight(metrics)
+        # Set in the lifespan (they need the app's HTTP client or are built from it).
+        self.http: httpx.AsyncClient | None = None
+        self.discovery: Discovery | None = None
+        self.scheduler: SchedulerLike | None = None
+        self.after: AfterResponse | None = None
+
+    async def chat(self, request: Request) -> Response:
+        return await self.infer(request, Route.CHAT)
+
+    async def completions(self, request: Request) -> Response:
+        return await self.infer(request, Route.COMPLETIONS)
+
+    async def messages(self, request: Request) -> Response:
+        return await self.infer(request, Route.MESSAGES)
+
+    async def infer(self, request: Request, route: Route) -> Response:
+        key, model = ANONYMOUS, "unknown"
+        try:
+            key = authenticate(self.keys, request.headers)
+            parsed = parse_request(route, await read_body(request, self.max_body_bytes))
+            assert self.discovery is not None, "the app's lifespan has not run"
+            pods = await self.discovery.endpoints()
+            self.metrics.pods_up.set(sum(pod.ready for pod in pods))
+            model = resolve_model(parsed.model, pods)
+            source = props_for(model, pods)
+            identity = self.prompts.identity(parsed, model, source.props if source else None)
+            req = SchedRequest(request_id_var.get() or "", model, identity, parsed.session_id)
+            return await self._dispatch(request, req, parsed, key)
+        except ApiError as err:
+            if not err.counted:
+                self.metrics.requests.labels(model, key, str(err.status)).inc()
+            log.info("request refused", extra={"status": err.status, "code": err.code, "key": key,
+                                               "model": model})
+            return err.response()
+
+    async def _schedule(self, req: SchedRequest, states: list[EndpointState]) -> Decision:
+        assert self.scheduler is not None
+        started = time.perf_counter()
+        try:
+            decision = await self.scheduler.schedule(req, states)
+        except NoEndpointError:
+            raise no_pod_available(req.model) from None
+        except IndexUnavailable as exc:
+            self.health.mark_degraded(f"schedule: {exc}")
+            decision = fallback_decision(states)
+        self.metrics.schedule_seconds.observe(time.perf_counter() - started)
+        self.metrics.decisions.labels(decision.action.value, decision.branch).inc()
+        if decision.branch.startswith("degraded"):
+            self.health.mark_degraded("the scheduler fell back to degraded routing")
+        return decision
+
+    async def _dispatch(
+        self, request: Request, req: SchedRequest, parsed: ParsedRequest, key: str
+    ) -> Response:
+        assert self.discovery is not None and self.http is not None and self.after is not None
+        excluded: set[str] = set()
+        for attempt in range(self.retries + 1):
+            pods = await self.discovery.endpoints()
+            decision = await self._schedule(req, endpoint_states(req.model, pods, self.in_flight,
+                                                                 frozenset(excluded)))
+            uid, url = decision.endpoint.uid, decision.endpoint.url
+            self.in_flight.begin(uid, url, decision.slot)
+            finish = _Finisher(self, req, decision, key, time.perf_counter())
+            try:
+                return await forward(
+                    self.http, url + parsed.route.value, upstream_body(parsed.body, decision.slot),
+                    {"content-type": "application/json", "accept": request.headers.get("accept", "*/*"),
+                     "accept-encoding": "identity", "x-request-id": req.request_id},
+                    on_finish=finish,
+                    on_first_byte=self.metrics.upstream_ttft_seconds.labels(req.model).observe,
+                )
+            except PodUnreachable as exc:
+                finish.done = True  # nothing was forwarded: give back without counting a response
+                self.in_flight.end(uid, url, decision.slot)
+                self.tasks.spawn(self.after.release(decision), name="release")
+                self.discovery.mark_down(uid)
+                excluded.add(uid)
+                self.metrics.upstream_retries.inc()
+                log.warning("pod unreachable, scheduling again",
+                            extra={"pod": url, "attempt": attempt, "error": str(exc)})
+            except ApiError as err:
+                err.counted = True  # forward() reported it through on_finish already
+                raise
+            except BaseException:
+                finish(Outcome(status=500, error="router error"), None)
+                raise
+        raise no_pod_available(req.model)

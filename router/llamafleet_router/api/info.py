@@ -1,0 +1,80 @@
+"""The routes that are not inference: `/v1/models`, `/health`, `/metrics`, and OpenAI-shaped errors for
+everything else (unknown paths, llama-server admin paths, wrong methods, unexpected failures)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from llamafleet_router.api.gateway import Gateway
+from llamafleet_router.auth import authenticate
+from llamafleet_router.errors import NOT_FOUND, SERVER, ApiError
+from llamafleet_router.fleet import served_models
+
+log = logging.getLogger(__name__)
+
+
+class InfoRoutes:
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+
+    async def models(self, request: Request) -> Response:
+        g = self.gateway
+        try:
+            authenticate(g.keys, request.headers)
+        except ApiError as err:
+            return err.response()
+        assert g.discovery is not None
+        pods = await g.discovery.endpoints()
+        data = [{"id": model, "object": "model", "created": 0, "owned_by": "llamafleet"}
+                for model in served_models(pods)]
+        return JSONResponse({"object": "list", "data": data})
+
+    async def health(self, request: Request) -> Response:
+        """200 when at least one pod is ready; the body says which pods are up and how the index is."""
+        g = self.gateway
+        assert g.discovery is not None
+        pods = await g.discovery.endpoints()
+        ready = sum(pod.ready for pod in pods)
+        g.metrics.pods_up.set(ready)
+        body: dict[str, Any] = {
+            "status": "ok" if ready else "unavailable",
+            "index": "degraded" if g.health.degraded else "ok",
+            "pods_up": ready,
+            "pods_down": len(pods) - ready,
+            "pods": [
+                {"url": pod.endpoint.url, "uid": pod.endpoint.uid if pod.props else None, "model": pod.model,
+                 "up": pod.ready, "slots": pod.endpoint.n_slots, "busy_slots": sorted(pod.busy_slots),
+                 "in_flight": g.in_flight.count(pod.endpoint.uid)}
+                for pod in pods
+            ],
+        }
+        return JSONResponse(body, status_code=200 if ready else 503)
+
+    async def metrics(self, request: Request) -> Response:
+        return Response(generate_latest(self.gateway.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+async def http_error(request: Request, exc: Exception) -> Response:
+    """404/405 and friends in OpenAI's shape. Admin paths of llama-server land here too: never proxied."""
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 404:
+        err = ApiError(404, f"Invalid URL ({request.method} {request.url.path})", type=NOT_FOUND,
+                       code="unknown_url")
+    elif exc.status_code == 405:
+        err = ApiError(405, f"Method {request.method} is not allowed on {request.url.path}.",
+                       code="method_not_allowed")
+    else:
+        err = ApiError(exc.status_code, str(exc.detail))
+    return err.response(dict(exc.headers or {}))
+
+
+async def server_error(request: Request, exc: Exception) -> Response:
+    log.error("unhandled error", exc_info=exc)
+    err = ApiError(500, "The gateway failed to handle the request.", type=SERVER, code="internal_error")
+    return err.response()

@@ -1,0 +1,135 @@
+"""Validation of request bodies, before anything is scheduled: every failure is an OpenAI-style 400.
+
+Only what the router itself relies on is checked (the body is an object; `model` is a string; `stream`
+is a boolean; the prompt fields exist with the right shape). Everything else is llama-server's business
+and its own 4xx answers are passed through.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from llamafleet_router.errors import bad_request
+
+
+class Route(StrEnum):
+    CHAT = "/v1/chat/completions"
+    COMPLETIONS = "/v1/completions"
+    MESSAGES = "/v1/messages"
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedRequest:
+    route: Route
+    body: dict[str, Any]
+    model: str | None
+    stream: bool
+    session_id: str | None
+
+
+def _reject_constant(name: str) -> Any:
+    # NaN/Infinity are not JSON; llama-server's parser rejects them, so refuse them here with a clear 400.
+    raise ValueError(f"invalid JSON constant {name}")
+
+
+def decode_json(raw: bytes) -> dict[str, Any]:
+    if not raw.strip():
+        raise bad_request("The request body is empty; expected a JSON object.", code="invalid_json")
+    try:
+        body = json.loads(raw, parse_constant=_reject_constant)
+    except (ValueError, RecursionError) as exc:
+        raise bad_request(
+            f"We could not parse the JSON body of your request: {exc}", code="invalid_json"
+        ) from None
+    if not isinstance(body, dict):
+        raise bad_request("The request body must be a JSON object.", code="invalid_type")
+    return body
+
+
+def parse_request(route: Route, raw: bytes) -> ParsedRequest:
+    body = decode_json(raw)
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise bad_request("`model` must be a string.", param="model", code="invalid_type")
+    stream = body.get("stream", False)
+    if stream is None:
+        stream = False
+    if not isinstance(stream, bool):
+        raise bad_request("`stream` must be a boolean.", param="stream", code="invalid_type")
+    if route is Route.COMPLETIONS:
+        _check_prompt(body)
+    else:
+        _check_messages(body, anthropic=route is Route.MESSAGES)
+    return ParsedRequest(route, body, model or None, stream, _session_id(body))
+
+
+def _check_messages(body: dict[str, Any], *, anthropic: bool) -> None:
+    if "messages" not in body:
+        raise bad_request("Missing required parameter: 'messages'.", param="messages",
+                          code="missing_required_parameter")
+    messages = body["messages"]
+    if not isinstance(messages, list):
+        raise bad_request("`messages` must be an array.", param="messages", code="invalid_type")
+    if not messages:
+        raise bad_request("`messages` must contain at least one message.", param="messages",
+                          code="invalid_value")
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise bad_request(f"`messages[{i}]` must be an object.", param=f"messages[{i}]",
+                              code="invalid_type")
+        if not isinstance(message.get("role"), str):
+            raise bad_request(f"`messages[{i}].role` must be a string.", param=f"messages[{i}].role",
+                              code="invalid_type")
+        content = message.get("content")
+        if content is not None and not isinstance(content, str | list):
+            raise bad_request(f"`messages[{i}].content` must be a string or an array.",
+                              param=f"messages[{i}].content", code="invalid_type")
+    tools = body.get("tools")
+    if tools is not None and not isinstance(tools, list):
+        raise bad_request("`tools` must be an array.", param="tools", code="invalid_type")
+    if anthropic:
+        system = body.get("system")
+        if system is not None and not isinstance(system, str | list):
+            raise bad_request("`system` must be a string or an array.", param="system", code="invalid_type")
+
+
+def _check_prompt(body: dict[str, Any]) -> None:
+    if "prompt" not in body:
+        raise bad_request("Missing required parameter: 'prompt'.", param="prompt",
+                          code="missing_required_parameter")
+    prompt = body["prompt"]
+    if isinstance(prompt, str):
+        return
+    if isinstance(prompt, list) and prompt and all(
+        isinstance(p, str) or (isinstance(p, int) and not isinstance(p, bool)) or isinstance(p, list)
+        for p in prompt
+    ):
+        return
+    raise bad_request("`prompt` must be a string, an array of strings or an array of token ids.",
+                      param="prompt", code="invalid_type")
+
+
+def _session_id(body: dict[str, Any]) -> str | None:
+    """A client-chosen session key, if any (`user`, or Anthropic's `metadata.user_id`); used by the
+    scheduler only as a tie-breaker, never trusted for routing correctness."""
+    user = body.get("user")
+    if isinstance(user, str) and user:
+        return user[:256]
+    metadata = body.get("metadata")
+    if isinstance(metadata, dict) and isinstance(metadata.get("user_id"), str):
+        return str(metadata["user_id"])[:256]
+    return None
+
+
+def upstream_body(body: dict[str, Any], slot: int) -> bytes:
+    """The body forwarded to llama-server: pinned to the chosen slot, with prompt caching on.
+
+    A client's own `id_slot` is overridden: clients never choose the slot (design invariant)."""
+    forwarded = dict(body)
+    forwarded["id_slot"] = slot
+    forwarded["cache_prompt"] = True
+    return json.dumps(forwarded, ensure_ascii=False, separators=(",", ":")).encode()
+

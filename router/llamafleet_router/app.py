@@ -1,0 +1,176 @@
+"""`create_app(settings, ...)`: the gateway as a Starlette app, its collaborators passed in.
+
+Nothing is module-level: the HTTP client is created in the lifespan (unless injected), the registry is the
+caller's (or a fresh one), discovery and the scheduler come in or are built from the app's client. The
+lifespan starts discovery and the index watcher, and on shutdown waits for after-response tasks so no
+index write is lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import uuid
+from collections.abc import AsyncIterator, Callable
+
+import httpx
+from prometheus_client import CollectorRegistry
+from starlette.applications import Starlette
+from starlette.datastructures import MutableHeaders
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from llamafleet_core.index.base import PrefixIndex, SlotLeases
+from llamafleet_core.types import PodRef
+from llamafleet_router.api.gateway import Gateway
+from llamafleet_router.api.info import InfoRoutes, http_error, server_error
+from llamafleet_router.auth import ApiKeys
+from llamafleet_router.background import IndexHealth
+from llamafleet_router.discovery.base import Discovery, FenceHook
+from llamafleet_router.hooks import AfterResponse, SchedulerLike
+from llamafleet_router.logs import request_id_var
+from llamafleet_router.metrics import RouterMetrics
+from llamafleet_router.prompts import PromptRenderer
+from llamafleet_router.settings import RouterSettings
+
+log = logging.getLogger(__name__)
+
+#: Builds discovery from the app's HTTP client and the fencing hook (purges a restarted pod's entries).
+DiscoveryFactory = Callable[[httpx.AsyncClient, FenceHook], Discovery]
+
+_SHUTDOWN_DRAIN_S = 10.0
+
+
+class RequestIdMiddleware:
+    """`x-request-id` in (when sane) or a fresh one; set for logs and echoed on every response."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        given = dict(scope["headers"]).get(b"x-request-id", b"").decode("latin-1").strip()
+        rid = given if 0 < len(given) <= 128 and given.isprintable() else uuid.uuid4().hex
+        token = request_id_var.set(rid)
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                MutableHeaders(scope=message)["x-request-id"] = rid
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            request_id_var.reset(token)
+
+
+def make_http_client(settings: RouterSettings) -> httpx.AsyncClient:
+    """The app's one upstream client. `read=None`: generations may stream for many minutes."""
+    return httpx.AsyncClient(
+        timeout=httpx.Timeout(connect=settings.connect_timeout, read=None, write=settings.write_timeout,
+                              pool=settings.pool_timeout),
+        limits=httpx.Limits(max_connections=settings.max_connections,
+                            max_keepalive_connections=min(settings.max_connections, 256)),
+    )
+
+
+def build_scheduler(
+    settings: RouterSettings, index: PrefixIndex, leases: SlotLeases, metrics: RouterMetrics
+) -> SchedulerLike:
+    from llamafleet_router.scheduling.config import default_config, load_config_file
+    from llamafleet_router.scheduling.scheduler import Scheduler
+
+    config = load_config_file(settings.config_file) if settings.config_file else default_config()
+    holder = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    return Scheduler(
+        config, index=index, leases=leases, holder_prefix=holder, metrics_hook=metrics.scheduler_hook
+    )
+
+
+def _fence(index: PrefixIndex, metrics: RouterMetrics, health: IndexHealth) -> FenceHook:
+    async def fence(old: PodRef) -> None:
+        try:
+            purged = await index.purge_pod(old.uid)
+            log.info("purged index entries of a restarted pod", extra={"uid": old.uid, "entries": purged})
+        except Exception as exc:
+            # Entries of the old uid cannot match the new uid anyway; they expire by TTL.
+            metrics.index_errors.labels("purge_pod").inc()
+            health.mark_degraded(f"purge_pod: {exc}")
+    return fence
+
+
+def create_app(
+    settings: RouterSettings,
+    *,
+    index: PrefixIndex,
+    leases: SlotLeases,
+    discovery: Discovery | DiscoveryFactory,
+    scheduler: SchedulerLike | None = None,
+    registry: CollectorRegistry | None = None,
+    http: httpx.AsyncClient | None = None,
+) -> Starlette:
+    """The gateway app. `discovery` is a Discovery, or a factory called in the lifespan with the app's
+    HTTP client and the fencing hook. An injected `http` client is used and left open (its owner closes
+    it); otherwise the lifespan creates and closes one. `app.state.gateway` exposes the running state
+    to embedding code and tests; routes never look anything up there."""
+    metrics = RouterMetrics(registry if registry is not None else CollectorRegistry())
+    keys = ApiKeys.from_settings(settings)
+    if not keys.enabled:
+        log.warning("no API key configured: authentication is OFF")
+    health = IndexHealth(index, metrics, settings.index_ping_interval)
+    gateway = Gateway(
+        keys=keys, metrics=metrics, prompts=PromptRenderer(settings.block_chars), health=health,
+        max_body_bytes=settings.max_body_bytes, retries=settings.retries,
+    )
+    info = InfoRoutes(gateway)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        client = http if http is not None else make_http_client(settings)
+        if isinstance(discovery, Discovery):
+            disc = discovery
+        else:
+            disc = discovery(client, _fence(index, metrics, health))
+        sched = scheduler if scheduler is not None else build_scheduler(settings, index, leases, metrics)
+        gateway.http, gateway.discovery, gateway.scheduler = client, disc, sched
+        gateway.after = AfterResponse(
+            index=index, scheduler=sched, metrics=metrics, health=health,
+            block_chars=settings.block_chars, chars_per_token=settings.chars_per_token,
+        )
+        await health.check()
+        watcher = asyncio.create_task(health.run(), name="index-health")
+        await disc.start()
+        try:
+            yield
+        finally:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+            await disc.stop()
+            await gateway.tasks.drain(_SHUTDOWN_DRAIN_S)
+            if http is None:
+                await client.aclose()
+
+    app = Starlette(
+        routes=[
+            Route("/v1/chat/completions", gateway.chat, methods=["POST"]),
+            Route("/v1/completions", gateway.completions, methods=["POST"]),
+            Route("/v1/messages", gateway.messages, methods=["POST"]),
+            Route("/v1/models", info.models, methods=["GET"]),
+            Route("/health", info.health, methods=["GET"]),
+            Route("/metrics", info.metrics, methods=["GET"]),
+        ],
+        middleware=[Middleware(RequestIdMiddleware)],
+        exception_handlers={HTTPException: http_error, Exception: server_error},
+        lifespan=lifespan,
+    )
+    app.state.gateway = gateway
+    return app
+

@@ -1,0 +1,94 @@
+"""Work off the request path: tracked tasks, and the index health watcher (degraded mode).
+
+Every task the app spawns is kept in a set until it finishes, so none is garbage collected mid-flight
+and shutdown can wait for them (`drain`). Their exceptions are logged, never lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Coroutine
+from typing import Any
+
+from llamafleet_core.index.base import PrefixIndex
+from llamafleet_router.metrics import RouterMetrics
+
+log = logging.getLogger(__name__)
+
+
+class TaskSet:
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def spawn(self, coro: Coroutine[Any, Any, Any], name: str | None = None) -> asyncio.Task[Any]:
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+        return task
+
+    def _done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("background task failed", exc_info=task.exception(), extra={"task": task.get_name()})
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    async def drain(self, limit_s: float | None = None) -> None:
+        """Wait for every task (including ones spawned meanwhile); cancel what is left after `limit_s`."""
+        loop = asyncio.get_running_loop()
+        deadline = None if limit_s is None else loop.time() + limit_s
+        while self._tasks:
+            remaining = None if deadline is None else deadline - loop.time()
+            if remaining is not None and remaining <= 0:
+                break
+            await asyncio.wait(set(self._tasks), timeout=remaining)
+        for task in list(self._tasks):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+
+class IndexHealth:
+    """Whether the prefix index answers. Anyone who sees it fail calls `mark_degraded`; the watcher
+    pings it every interval and flips back when it answers again. Routing itself never waits on this:
+    the scheduler falls back on its own when a lookup fails."""
+
+    def __init__(self, index: PrefixIndex, metrics: RouterMetrics, interval: float) -> None:
+        self._index = index
+        self._metrics = metrics
+        self._interval = interval
+        self.degraded = False
+
+    def mark_degraded(self, reason: str = "") -> None:
+        if not self.degraded:
+            log.warning("prefix index unavailable: degraded routing", extra={"reason": reason})
+        self.degraded = True
+        self._metrics.index_degraded.set(1)
+
+    def mark_ok(self) -> None:
+        if self.degraded:
+            log.info("prefix index back: prefix-aware routing resumed")
+        self.degraded = False
+        self._metrics.index_degraded.set(0)
+
+    async def check(self) -> bool:
+        try:
+            ok = await self._index.ping()
+        except Exception as exc:  # ping must not raise, but a broken one must not kill the watcher
+            ok = False
+            reason = repr(exc)
+        else:
+            reason = "ping failed"
+        if ok:
+            self.mark_ok()
+        else:
+            self.mark_degraded(reason)
+        return ok
+
+    async def run(self) -> None:
+        while True:
+            await self.check()
+            await asyncio.sleep(self._interval)

@@ -1,0 +1,98 @@
+"""`llamafleet router ...`: build settings from flags (over `LLAMAFLEET_ROUTER_*`), the index, and run.
+
+    llamafleet router --pods http://10.0.0.5:8080,http://10.0.0.6:8080|http://10.0.0.6:8090 \
+        --redis redis://redis:6379/0 --config pipeline.yaml --api-keys-file keys.txt --port 8000
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+from pathlib import Path
+from typing import Any
+
+import httpx
+import uvicorn
+from pydantic import ValidationError
+
+from llamafleet_core.index.base import PrefixIndex, SlotLeases
+from llamafleet_router.app import create_app
+from llamafleet_router.discovery.base import Discovery, FenceHook
+from llamafleet_router.discovery.static import StaticDiscovery
+from llamafleet_router.logs import configure_logging
+from llamafleet_router.settings import RouterSettings
+
+log = logging.getLogger(__name__)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="llamafleet router", description="Prefix-aware OpenAI-compatible gateway."
+    )
+    p.add_argument("--pods", help="comma-separated llama-server URLs, each optionally `url|agent_url`")
+    index = p.add_mutually_exclusive_group()
+    index.add_argument("--redis", dest="redis_url", help="Redis URL of the shared prefix index")
+    index.add_argument("--index", choices=["memory", "redis"], help="`memory` for a single replica")
+    p.add_argument("--config", dest="config_file", type=Path, help="scheduling pipeline YAML")
+    p.add_argument("--host")
+    p.add_argument("--port", type=int)
+    p.add_argument("--api-keys-file", type=Path, help="file of `name:key` lines")
+    p.add_argument("--model-name", help="model name clients use (default: from each pod's /props)")
+    p.add_argument("--log-level")
+    return p
+
+
+def settings_from_args(argv: list[str] | None) -> RouterSettings:
+    args = parser().parse_args(argv)
+    overrides: dict[str, Any] = {k: v for k, v in vars(args).items() if v is not None}
+    return RouterSettings(**overrides)
+
+
+def build_index(settings: RouterSettings) -> tuple[PrefixIndex, SlotLeases, Any]:
+    """The index and leases, plus the Redis client to close afterwards (None for memory)."""
+    if settings.index == "redis":
+        import redis.asyncio as aioredis
+
+        from llamafleet_core.index.redis_index import RedisPrefixIndex, RedisSlotLeases
+
+        assert settings.redis_url is not None
+        client = aioredis.from_url(settings.redis_url)
+        return RedisPrefixIndex(client), RedisSlotLeases(client), client
+    from llamafleet_core.index.memory import InMemoryPrefixIndex, InMemorySlotLeases
+
+    return InMemoryPrefixIndex(), InMemorySlotLeases(), None
+
+
+async def run(settings: RouterSettings) -> None:
+    index, leases, redis_client = build_index(settings)
+    specs = settings.pod_specs
+
+    def discovery(http: httpx.AsyncClient, fence: FenceHook) -> Discovery:
+        return StaticDiscovery(specs, http, poll_interval=settings.poll_interval,
+                               model_name=settings.model_name, fence=fence)
+
+    app = create_app(settings, index=index, leases=leases, discovery=discovery)
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_config=None, lifespan="on",
+                            proxy_headers=False, timeout_graceful_shutdown=30)
+    try:
+        await uvicorn.Server(config).serve()
+    finally:
+        await index.close()
+        if redis_client is not None:
+            await redis_client.aclose()
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        settings = settings_from_args(argv)
+    except ValidationError as exc:
+        print(f"llamafleet router: invalid settings:\n{exc}")
+        return 2
+    configure_logging(settings.log_level)
+    if not settings.pods:
+        log.warning("no pods configured (--pods or LLAMAFLEET_ROUTER_PODS): every request will get 503")
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(run(settings))
+    return 0

@@ -1,0 +1,107 @@
+"""The router's live view of the fleet: discovery's pods plus its own in-flight bookkeeping.
+
+Discovery polls `/slots` once per interval; between polls the router knows better which slots it has just
+pinned requests to, so a slot is busy when EITHER says so. In-flight counts are changed synchronously
+(never across an await), so a cancelled request can always give its count back from a `finally`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+
+from llamafleet_router.discovery.base import PodStatus
+from llamafleet_router.errors import bad_request, model_not_found, no_pod_available
+from llamafleet_router.metrics import RouterMetrics
+from llamafleet_router.scheduling.framework import ANY_SLOT, EndpointState
+
+
+class InFlight:
+    """Requests being proxied, per pod uid, and the slots they are pinned to."""
+
+    def __init__(self, metrics: RouterMetrics) -> None:
+        self._metrics = metrics
+        self._count: Counter[str] = Counter()
+        self._slots: Counter[tuple[str, int]] = Counter()
+
+    def begin(self, uid: str, pod_label: str, slot: int) -> None:
+        self._count[uid] += 1
+        if slot != ANY_SLOT:
+            self._slots[(uid, slot)] += 1
+        self._metrics.in_flight.labels(pod_label).inc()
+
+    def end(self, uid: str, pod_label: str, slot: int) -> None:
+        self._count[uid] -= 1
+        if self._count[uid] <= 0:
+            del self._count[uid]
+        if slot != ANY_SLOT:
+            self._slots[(uid, slot)] -= 1
+            if self._slots[(uid, slot)] <= 0:
+                del self._slots[(uid, slot)]
+        self._metrics.in_flight.labels(pod_label).dec()
+
+    def count(self, uid: str) -> int:
+        return self._count.get(uid, 0)
+
+    def total(self) -> int:
+        return sum(self._count.values())
+
+    def busy_slots(self, uid: str) -> frozenset[int]:
+        return frozenset(slot for (pod, slot), n in self._slots.items() if pod == uid and n > 0)
+
+
+def served_models(pods: Sequence[PodStatus]) -> list[str]:
+    """Models of every pod whose `/props` was read at least once, sorted."""
+    return sorted({pod.model for pod in pods if pod.model})
+
+
+def resolve_model(requested: str | None, pods: Sequence[PodStatus]) -> str:
+    """The model a request is for, or the right 4xx/503.
+
+    - no `model` in the body: the fleet's only model, else 400;
+    - a model no known pod serves: 404 `model_not_found`, unless some pod was never reached (its model is
+      unknown, so the fleet may well serve it): then 503;
+    - known but no pod serving it is up: 503."""
+    models = served_models(pods)
+    unknown = any(pod.props is None for pod in pods)
+    if requested is None:
+        if len(models) == 1:
+            requested = models[0]
+        elif not models:
+            raise no_pod_available("(any model)")
+        else:
+            raise bad_request("`model` is required: this fleet serves " + ", ".join(models) + ".",
+                              param="model", code="missing_required_parameter")
+    if requested not in models:
+        if unknown:
+            raise no_pod_available(requested)
+        raise model_not_found(requested)
+    if not any(pod.ready and pod.model == requested for pod in pods):
+        raise no_pod_available(requested)
+    return requested
+
+
+def endpoint_states(
+    model: str, pods: Sequence[PodStatus], in_flight: InFlight, exclude: frozenset[str] = frozenset()
+) -> list[EndpointState]:
+    """Ready pods serving `model` (minus `exclude`, pods that just refused a connection) as the
+    scheduler's input."""
+    states = [
+        EndpointState(
+            endpoint=pod.endpoint,
+            busy_slots=pod.busy_slots | in_flight.busy_slots(pod.endpoint.uid),
+            in_flight=in_flight.count(pod.endpoint.uid),
+            healthy=True,
+        )
+        for pod in pods
+        if pod.ready and pod.model == model and pod.endpoint.uid not in exclude
+    ]
+    if not states:
+        raise no_pod_available(model)
+    return states
+
+
+def props_for(model: str, pods: Sequence[PodStatus]) -> PodStatus | None:
+    """A ready pod of `model` to take its chat template from (all replicas of a model share one)."""
+    return next((pod for pod in pods if pod.ready and pod.model == model), None)
+

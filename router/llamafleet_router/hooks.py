@@ -1,0 +1,133 @@
+"""After a response: give the slot lease back, record what the slot now holds, check the prediction.
+
+Runs in a tracked background task, never on the request path. The index is a hint and llama-server's
+`timings.cache_n` is the truth: when the index predicted that the slot held part of the prompt
+(`predicted_blocks > 0`) but the server reused about nothing, the entry was wrong and is dropped
+(`forget_slot`) before the new content is recorded. Index errors are logged and counted, never raised;
+`IndexUnavailable` also flips the app into degraded mode until the index answers again.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from llamafleet_core.index.base import IndexUnavailable, PrefixIndex
+from llamafleet_core.types import SlotRef
+from llamafleet_router.background import IndexHealth
+from llamafleet_router.metrics import RouterMetrics
+from llamafleet_router.scheduling.framework import ANY_SLOT, Decision, EndpointState, PromptLike, SchedRequest
+from llamafleet_router.sse import Stats
+
+log = logging.getLogger(__name__)
+
+
+class SchedulerLike(Protocol):
+    """What the app needs of `scheduling.scheduler.Scheduler`. Its `schedule` already runs the plugins'
+    `on_decision` hooks (session affinity) synchronously, so the app does not call them again."""
+
+    async def schedule(self, req: SchedRequest, endpoints: Sequence[EndpointState]) -> Decision: ...
+
+    async def release(self, decision: Decision) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """How one proxied response ended."""
+
+    status: int
+    stats: Stats | None = None
+    completed: bool = False  # the upstream body was read to its end
+    disconnected: bool = False  # the client went away first
+    error: str | None = None  # the upstream failed midway
+    served_slot: int | None = None  # the slot llama-server reports it used, when it says
+
+
+def judge(predicted_blocks: int, cache_n: int, block_tokens: float) -> str:
+    """Compare the index's prediction with the server's reuse.
+
+    "About nothing" is under half a block: templates open with a few shared tokens (`<|im_start|>system`),
+    so a literal 0 would call every unrelated prompt a partial hit."""
+    predicted_hit = predicted_blocks > 0
+    actual_hit = cache_n >= max(1.0, block_tokens / 2)
+    if predicted_hit:
+        return "hit" if actual_hit else "false_hit"
+    return "surprise_hit" if actual_hit else "miss"
+
+
+class AfterResponse:
+    def __init__(
+        self,
+        *,
+        index: PrefixIndex,
+        scheduler: SchedulerLike,
+        metrics: RouterMetrics,
+        health: IndexHealth,
+        block_chars: int,
+        chars_per_token: float,
+    ) -> None:
+        self._index = index
+        self._scheduler = scheduler
+        self._metrics = metrics
+        self._health = health
+        self._block_chars = block_chars
+        self._chars_per_token = chars_per_token
+
+    async def release(self, decision: Decision) -> None:
+        try:
+            await self._scheduler.release(decision)
+        except IndexUnavailable as exc:
+            self._index_failed("release", exc)
+        except Exception:
+            log.exception("lease release failed", extra={"pod": decision.endpoint.url, "slot": decision.slot})
+
+    async def finished(
+        self,
+        req: SchedRequest,
+        decision: Decision,
+        outcome: Outcome,
+        close: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        if close is not None:
+            try:
+                await close()
+            except Exception:
+                log.debug("closing the upstream response failed", exc_info=True)
+        await self.release(decision)
+        if outcome.status >= 400 or outcome.stats is None or outcome.stats.cache_n is None:
+            return
+        slot = decision.slot if decision.slot != ANY_SLOT else outcome.served_slot
+        await self._verify_and_record(req.model, req.prompt, decision, slot, outcome.stats)
+
+    async def _verify_and_record(
+        self, model: str, prompt: PromptLike, decision: Decision, slot: int | None, stats: Stats
+    ) -> None:
+        cache_n = stats.cache_n or 0
+        block_tokens = self._block_chars / self._chars_per_token
+        predicted_tokens = decision.predicted_blocks * block_tokens
+        self._metrics.predicted_cached_tokens.labels(model).inc(predicted_tokens)
+        self._metrics.actual_cached_tokens.labels(model).inc(cache_n)
+        self._metrics.prompt_tokens.labels(model).inc(stats.prompt_n or 0)
+        verdict = judge(decision.predicted_blocks, cache_n, block_tokens)
+        self._metrics.predictions.labels(verdict).inc()
+        if slot is None or slot < 0:
+            return
+        ref = SlotRef(decision.endpoint.pod.uid, slot)
+        try:
+            if verdict == "false_hit":
+                log.info("index predicted a hit the server did not see; entry dropped",
+                         extra={"pod": decision.endpoint.url, "slot": slot,
+                                "predicted_blocks": decision.predicted_blocks, "cache_n": cache_n})
+                await self._index.forget_slot(model, ref)
+            await self._index.record_slot(model, ref, prompt.blocks, stats.n_tokens)
+        except IndexUnavailable as exc:
+            self._index_failed("record_slot", exc)
+        except Exception:
+            self._metrics.index_errors.labels("record_slot").inc()
+            log.exception("recording the slot in the index failed")
+
+    def _index_failed(self, op: str, exc: Exception) -> None:
+        self._metrics.index_errors.labels(op).inc()
+        self._health.mark_degraded(f"{op}: {exc}")

@@ -1,0 +1,53 @@
+"""Run a router app in-process: for tests and for embedding (local runtime, benchmarks).
+
+- `app_client(app)`: the lifespan runs, requests go through `httpx.ASGITransport` (no socket). Responses
+  are buffered by the transport, so it does not show streaming timing or client disconnects.
+- `serve(app)`: a real uvicorn server on a free loopback port, for true streaming and disconnects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import AsyncIterator
+
+import httpx
+import uvicorn
+from starlette.applications import Starlette
+
+
+@contextlib.asynccontextmanager
+async def app_client(app: Starlette, base_url: str = "http://router") -> AsyncIterator[httpx.AsyncClient]:
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url=base_url, timeout=30.0) as client:
+            yield client
+
+
+@contextlib.asynccontextmanager
+async def serve(app: Starlette, host: str = "127.0.0.1", startup_timeout: float = 10.0) -> AsyncIterator[str]:
+    """Serve `app` with uvicorn on a free port of `host`; yields its base URL."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, 0))
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(app, lifespan="on", log_config=None, access_log=False)
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    try:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + startup_timeout
+        while not server.started:
+            if task.done():
+                task.result()
+                raise RuntimeError("uvicorn exited during startup")
+            if loop.time() > deadline:
+                raise TimeoutError("uvicorn did not start in time")
+            await asyncio.sleep(0.01)
+        yield f"http://{host}:{port}"
+    finally:
+        server.should_exit = True
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait_for(task, timeout=startup_timeout)
+        sock.close()

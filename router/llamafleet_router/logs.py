@@ -1,0 +1,52 @@
+"""Structured JSON logs with the request id of the request being served.
+
+The request id lives in a ContextVar set by the request-id middleware, so every log line emitted while
+serving a request (and in tasks spawned from it, which copy the context) carries it without threading it
+through every call. Call sites pass only safe fields in `extra=`: never API keys, never prompt text.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from contextvars import ContextVar
+from typing import Any
+
+request_id_var: ContextVar[str | None] = ContextVar("llamafleet_request_id", default=None)
+
+# Attributes every LogRecord has; anything else on a record came from `extra=` and is logged as a field.
+_STANDARD = set(logging.makeLogRecord({}).__dict__) | {"message", "asctime", "taskName", "color_message"}
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: ts, level, logger, msg, request_id, then the `extra=` fields."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        request_id = getattr(record, "request_id", None) or request_id_var.get()
+        if request_id:
+            entry["request_id"] = request_id
+        for key, value in record.__dict__.items():
+            if key not in _STANDARD and key not in entry:
+                entry[key] = value
+        if record.exc_info:
+            entry["exc"] = self.formatException(record.exc_info)
+        return json.dumps(entry, default=str)
+
+
+def configure_logging(level: str = "INFO") -> None:
+    """Route the `llamafleet_router` loggers (and uvicorn's) through one JSON handler on stderr."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(JsonFormatter())
+    for name in ("llamafleet_router", "uvicorn", "uvicorn.error", "uvicorn.access"):
+        logger = logging.getLogger(name)
+        logger.handlers = [handler]
+        logger.propagate = False
+        logger.setLevel(level.upper())

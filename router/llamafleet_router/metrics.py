@@ -1,0 +1,98 @@
+"""Prometheus metrics of one router app, in a registry passed in (one per app, so tests build many apps).
+
+Labels are bounded: model names, API key NAMES, HTTP status, action/branch names, pod URLs. Never a
+prompt, a prompt hash or a key.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+_LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+_TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+
+
+class RouterMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        p = "llamafleet_router_"
+        self.requests = Counter(
+            p + "requests_total", "Requests answered, by model, API key name and HTTP status.",
+            ["model", "key", "status"], registry=registry,
+        )
+        self.decisions = Counter(
+            p + "decisions_total", "Scheduling decisions, by action and scoring branch.",
+            ["action", "branch"], registry=registry,
+        )
+        self.predicted_cached_tokens = Counter(
+            p + "predicted_cached_tokens_total",
+            "Prompt tokens the index predicted the chosen slot already held (blocks x chars per block / "
+            "chars per token).", ["model"], registry=registry,
+        )
+        self.actual_cached_tokens = Counter(
+            p + "actual_cached_tokens_total", "Prompt tokens llama-server actually reused (timings.cache_n).",
+            ["model"], registry=registry,
+        )
+        self.prompt_tokens = Counter(
+            p + "prompt_tokens_total", "Prompt tokens llama-server evaluated (timings.prompt_n).",
+            ["model"], registry=registry,
+        )
+        self.predictions = Counter(
+            p + "cache_predictions_total",
+            "Predicted hit/miss against the server's cache_n: outcome is hit, miss, false_hit (predicted "
+            "a hit, the server reused ~nothing: the index entry is dropped) or surprise_hit.",
+            ["outcome"], registry=registry,
+        )
+        self.index_lookup_seconds = Histogram(
+            p + "index_lookup_seconds", "Latency of prefix index lookups.", buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.lease_wait_seconds = Histogram(
+            p + "lease_wait_seconds", "Time spent waiting for a slot lease.", buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.schedule_seconds = Histogram(
+            p + "schedule_seconds", "Time to schedule one request (lookup, scoring, lease).",
+            buckets=_LATENCY_BUCKETS, registry=registry,
+        )
+        self.upstream_ttft_seconds = Histogram(
+            p + "upstream_ttft_seconds", "From forwarding to the first byte of the upstream's body.",
+            ["model"], buckets=_TTFT_BUCKETS, registry=registry,
+        )
+        self.index_degraded = Gauge(
+            p + "index_degraded", "1 while the prefix index is unreachable and routing falls back.",
+            registry=registry,
+        )
+        self.index_errors = Counter(
+            p + "index_errors_total", "Failed index operations, by operation.", ["op"], registry=registry,
+        )
+        self.in_flight = Gauge(
+            p + "in_flight", "Requests being proxied, per pod.", ["pod"], registry=registry,
+        )
+        self.upstream_retries = Counter(
+            p + "upstream_retries_total", "Requests re-scheduled after a pod refused the connection.",
+            registry=registry,
+        )
+        self.stream_errors = Counter(
+            p + "stream_errors_total", "Streams that failed midway (an SSE error event was sent).",
+            registry=registry,
+        )
+        self.client_disconnects = Counter(
+            p + "client_disconnects_total", "Responses the client abandoned before the end.",
+            registry=registry,
+        )
+        self.pods_up = Gauge(p + "pods_up", "Pods currently routable.", registry=registry)
+        self.plugin_seconds = Histogram(
+            p + "plugin_seconds", "Latency of each scheduling plugin, by point (producer, filter, scorer, "
+            "picker, lease), plugin type and name.", ["point", "type", "name"], buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
+
+    def scheduler_hook(self, point: str, plugin_type: str, name: str, seconds: float) -> None:
+        """The scheduler's `metrics_hook`: every plugin's latency, plus the index lookup (the
+        `prefix-lookup` producer) and the slot lease wait on their own histograms."""
+        self.plugin_seconds.labels(point, plugin_type, name).observe(seconds)
+        if point == "producer" and plugin_type == "prefix-lookup":
+            self.index_lookup_seconds.observe(seconds)
+        elif point == "lease":
+            self.lease_wait_seconds.observe(seconds)

@@ -1,0 +1,56 @@
+"""A request's prompt identity, rendered with its model's chat template (from a pod's `/props`).
+
+ChatTemplate objects are cached per (model, template source), so the jinja compile and the render cache
+live across requests; a pod upgrade that changes the template simply gets a new entry (the cache is
+small and LRU). Client input that yields no prompt becomes a 400.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+
+from llamafleet_core.prefix import (
+    ChatTemplate,
+    PromptError,
+    PromptIdentity,
+    TemplateCache,
+    chat_identity,
+    completion_identity,
+)
+from llamafleet_router.api.anthropic import to_chat_body
+from llamafleet_router.api.parse import ParsedRequest, Route
+from llamafleet_router.discovery.base import PodProps
+from llamafleet_router.errors import bad_request
+
+_MAX_TEMPLATES = 32
+
+
+class PromptRenderer:
+    def __init__(self, block_chars: int) -> None:
+        self.block_chars = block_chars
+        self._render_cache = TemplateCache()
+        self._templates: OrderedDict[tuple[str, str], ChatTemplate] = OrderedDict()
+
+    def template(self, model: str, props: PodProps | None) -> ChatTemplate | None:
+        if props is None or not props.chat_template:
+            return None
+        key = (model, hashlib.sha256(repr(sorted(props.template_props().items())).encode()).hexdigest())
+        template = self._templates.get(key)
+        if template is None:
+            template = ChatTemplate.from_props(props.template_props(), cache=self._render_cache)
+            self._templates[key] = template
+            if len(self._templates) > _MAX_TEMPLATES:
+                self._templates.popitem(last=False)
+        else:
+            self._templates.move_to_end(key)
+        return template
+
+    def identity(self, parsed: ParsedRequest, model: str, props: PodProps | None) -> PromptIdentity:
+        try:
+            if parsed.route is Route.COMPLETIONS:
+                return completion_identity(parsed.body, model=model, block_chars=self.block_chars)
+            body = to_chat_body(parsed.body) if parsed.route is Route.MESSAGES else parsed.body
+            return chat_identity(body, self.template(model, props), model=model, block_chars=self.block_chars)
+        except PromptError as exc:
+            raise bad_request(f"Invalid request: {exc}", code="invalid_prompt") from None

@@ -1,0 +1,106 @@
+"""Router settings: environment (`LLAMAFLEET_ROUTER_*`), an optional `.env`, or the CLI (which builds them).
+
+Built once in `main()` and passed down; nothing reads settings at import time. Every field carries a `#:`
+comment, which is its documentation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+
+@dataclass(frozen=True, slots=True)
+class PodSpec:
+    """One statically configured pod: `url`, or `url|agent_url`."""
+
+    url: str
+    agent_url: str | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> PodSpec:
+        url, _, agent = text.strip().partition("|")
+        url, agent = url.strip().rstrip("/"), agent.strip().rstrip("/")
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"pod URL must start with http:// or https://: {url!r}")
+        if agent and not agent.startswith(("http://", "https://")):
+            raise ValueError(f"agent URL must start with http:// or https://: {agent!r}")
+        return cls(url, agent or None)
+
+
+class RouterSettings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="LLAMAFLEET_ROUTER_", env_nested_delimiter="__", env_ignore_empty=True, extra="ignore"
+    )
+
+    #: Address to listen on.
+    host: str = "127.0.0.1"
+    #: Port to listen on.
+    port: int = Field(default=8000, ge=0, le=65535)
+    #: Static pods: comma-separated llama-server URLs, each optionally followed by `|agent_url`.
+    pods: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    #: Model name clients use; by default each pod's `model_alias` (or its model file's basename).
+    model_name: str | None = None
+    #: Redis URL of the shared prefix index (several router replicas share it).
+    redis_url: str | None = None
+    #: Which prefix index to use: `redis` (needs redis_url) or `memory` (one replica only).
+    #: Defaults to `redis` when redis_url is set, otherwise `memory`.
+    index: Literal["redis", "memory"] | None = None
+    #: Scheduling pipeline YAML; the built-in default pipeline when unset.
+    config_file: Path | None = None
+    #: File of API keys, one `name:key` per line (`#` starts a comment).
+    api_keys_file: Path | None = None
+    #: API keys from the environment: comma-separated `name:key`. Auth is off when no key is configured.
+    api_keys: SecretStr | None = None
+    #: Largest request body accepted, in bytes; larger bodies get 413.
+    max_body_bytes: int = Field(default=8 * 1024 * 1024, gt=0)
+    #: Characters per prefix block (the unit of prefix matching and of the index).
+    block_chars: int = Field(default=256, gt=0)
+    #: Rough characters per token, to turn predicted blocks into predicted cached tokens for metrics.
+    chars_per_token: float = Field(default=3.5, gt=0)
+    #: Seconds to open a connection to a pod; a refused or timed-out connect is retried on another pod.
+    connect_timeout: float = Field(default=5.0, gt=0)
+    #: Seconds to send the request body to a pod.
+    write_timeout: float = Field(default=60.0, gt=0)
+    #: Seconds to wait for a free upstream connection from the pool.
+    pool_timeout: float = Field(default=30.0, gt=0)
+    #: Upper bound of concurrent upstream connections (all pods together).
+    max_connections: int = Field(default=1024, gt=0)
+    #: How many other pods to try when a pod refuses the connection before anything was streamed.
+    retries: int = Field(default=2, ge=0)
+    #: Seconds between `/slots` polls of each pod (and `/health` probes of pods marked down).
+    poll_interval: float = Field(default=1.0, gt=0)
+    #: Seconds between pings of the index while it is degraded (and while healthy, to notice an outage).
+    index_ping_interval: float = Field(default=2.0, gt=0)
+    #: Log level of the router's JSON logs.
+    log_level: str = "INFO"
+
+    @field_validator("pods", mode="before")
+    @classmethod
+    def _split_pods(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [part for part in (p.strip() for p in value.split(",")) if part]
+        return value
+
+    @field_validator("pods")
+    @classmethod
+    def _check_pods(cls, value: list[str]) -> list[str]:
+        for text in value:
+            PodSpec.parse(text)
+        return value
+
+    @model_validator(mode="after")
+    def _check_index(self) -> RouterSettings:
+        if self.index is None:
+            self.index = "redis" if self.redis_url else "memory"
+        if self.index == "redis" and not self.redis_url:
+            raise ValueError("index=redis needs redis_url")
+        return self
+
+    @property
+    def pod_specs(self) -> list[PodSpec]:
+        return [PodSpec.parse(text) for text in self.pods]

@@ -1,0 +1,138 @@
+"""Read what a response says about cache reuse, without touching the bytes the client receives.
+
+The proxy forwards upstream chunks untouched and feeds a copy to `SSETap`, which splits lines the way the
+SSE spec does (CR, LF or CRLF, a CR at a chunk's end carried over), joins `data:` lines into events and
+keeps only the latest statistics, so memory stays bounded however long the stream is.
+
+Statistics come from llama-server's `timings` (OpenAI routes; on the final chunk when streaming) or,
+failing that, from `usage` (OpenAI `prompt_tokens_details.cached_tokens`, Anthropic
+`cache_read_input_tokens`). `cache_n` is the server's truth about prefix reuse.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+# A single SSE line longer than this is not one llama-server writes; drop it rather than buffer it.
+_MAX_LINE = 4 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Stats:
+    """Token counts of one finished request. `cache_n` is None when the server did not say."""
+
+    cache_n: int | None = None
+    prompt_n: int | None = None
+    predicted_n: int | None = None
+
+    @property
+    def n_tokens(self) -> int:
+        """Tokens the slot holds afterwards: reused + evaluated prompt + generated."""
+        return (self.cache_n or 0) + (self.prompt_n or 0) + (self.predicted_n or 0)
+
+
+def _int(value: Any) -> int | None:
+    return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def stats_from(obj: Any, previous: Stats | None = None) -> Stats | None:
+    """Merge the statistics found in one JSON object (a response body or an SSE event) into `previous`.
+
+    `timings` wins over `usage` because it splits the prompt into reused (`cache_n`) and evaluated
+    (`prompt_n`) parts on every route."""
+    if not isinstance(obj, Mapping):
+        return previous
+    if obj.get("type") == "message_start" and isinstance(obj.get("message"), Mapping):
+        obj = obj["message"]  # Anthropic stream: usage sits inside the message object
+    stats = previous
+    usage = obj.get("usage")
+    if isinstance(usage, Mapping):
+        stats = _merge(stats, _from_usage(usage))
+    timings = obj.get("timings")
+    if isinstance(timings, Mapping):
+        stats = _merge(stats, Stats(_int(timings.get("cache_n")), _int(timings.get("prompt_n")),
+                                    _int(timings.get("predicted_n"))))
+    return stats
+
+
+def _from_usage(usage: Mapping[str, Any]) -> Stats:
+    if "cache_read_input_tokens" in usage or "input_tokens" in usage:
+        # Anthropic: input_tokens excludes the cached part.
+        return Stats(_int(usage.get("cache_read_input_tokens")), _int(usage.get("input_tokens")),
+                     _int(usage.get("output_tokens")))
+    details = usage.get("prompt_tokens_details")
+    cached = _int(details.get("cached_tokens")) if isinstance(details, Mapping) else None
+    prompt = _int(usage.get("prompt_tokens"))
+    evaluated = prompt - cached if prompt is not None and cached is not None else None
+    return Stats(cached, evaluated, _int(usage.get("completion_tokens")))
+
+
+def _merge(old: Stats | None, new: Stats) -> Stats:
+    if old is None:
+        return new
+    return replace(
+        old,
+        **{k: v for k, v in (("cache_n", new.cache_n), ("prompt_n", new.prompt_n),
+                             ("predicted_n", new.predicted_n)) if v is not None},
+    )
+
+
+def stats_from_body(body: bytes) -> Stats | None:
+    try:
+        return stats_from(json.loads(body))
+    except (ValueError, RecursionError):
+        return None
+
+
+class SSETap:
+    """Incremental SSE reader over a copy of the stream; `stats` holds the latest statistics."""
+
+    def __init__(self) -> None:
+        self.stats: Stats | None = None
+        self.saw_error = False
+        self._buf = b""
+        self._pending_cr = False
+        self._data: list[bytes] = []
+
+    def feed(self, chunk: bytes) -> None:
+        if self._pending_cr and chunk.startswith(b"\n"):
+            chunk = chunk[1:]  # the LF of a CRLF split across chunks
+        self._pending_cr = chunk.endswith(b"\r")
+        data = self._buf + chunk
+        lines = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n")
+        self._buf = lines.pop()
+        if len(self._buf) > _MAX_LINE:
+            self._buf = b""
+        for line in lines:
+            self._line(line)
+
+    def close(self) -> None:
+        """End of stream: a final event without its blank line still counts."""
+        if self._buf:
+            self._line(self._buf)
+            self._buf = b""
+        self._line(b"")
+
+    def _line(self, line: bytes) -> None:
+        if not line:
+            if self._data:
+                self._event(b"\n".join(self._data))
+                self._data = []
+            return
+        if line.startswith(b"data:"):
+            value = line[5:]
+            self._data.append(value[1:] if value.startswith(b" ") else value)
+
+    def _event(self, data: bytes) -> None:
+        if data.strip() == b"[DONE]":
+            return
+        try:
+            obj = json.loads(data)
+        except (ValueError, RecursionError):
+            return
+        if isinstance(obj, Mapping) and "error" in obj:
+            self.saw_error = True
+        self.stats = stats_from(obj, self.stats)

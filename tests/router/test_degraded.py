@@ -1,0 +1,66 @@
+"""Index outages never fail a request: the router serves on, says so in /health and the gauge, and
+returns to prefix-aware routing when the index answers again."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from llamafleet_core.index.base import IndexUnavailable
+from llamafleet_core.index.memory import InMemoryPrefixIndex
+from llamafleet_core.types import Lookup, SlotRef
+from llamafleet_router.inprocess import app_client
+from tests.router.conftest import AppFactory, chat_body
+
+
+class FlakyIndex(InMemoryPrefixIndex):
+    """The in-memory index, with an outage switch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.down = False
+
+    async def lookup(self, model: str, blocks: Sequence[str]) -> Lookup:
+        if self.down:
+            raise IndexUnavailable("redis: connection refused")
+        return await super().lookup(model, blocks)
+
+    async def record_slot(self, model: str, slot: SlotRef, blocks: Sequence[str], n_tokens: int) -> None:
+        if self.down:
+            raise IndexUnavailable("redis: connection refused")
+        await super().record_slot(model, slot, blocks, n_tokens)
+
+    async def ping(self) -> bool:
+        return not self.down
+
+
+async def test_requests_are_served_and_health_says_degraded_when_index_raises(make_app: AppFactory) -> None:
+    index = FlakyIndex()
+    app = make_app(index_override=index)
+    gateway = app.state.gateway
+    gauge = "llamafleet_router_index_degraded"
+    async with app_client(app) as client:
+        assert (await client.get("/health")).json()["index"] == "ok"
+        index.down = True
+        responses = [
+            await client.post("/v1/chat/completions", json=chat_body(stream=s)) for s in (False, True)
+        ]
+        await gateway.tasks.drain(5.0)
+        health = await client.get("/health")
+        degraded_gauge = gateway.metrics.registry.get_sample_value(gauge)
+        errors = gateway.metrics.registry.get_sample_value("llamafleet_router_index_errors_total",
+                                                           {"op": "record_slot"})
+        branches = (await client.get("/metrics")).text
+        index.down = False
+        for _ in range(100):  # the watcher pings every 50 ms in these tests
+            if not gateway.health.degraded:
+                break
+            await asyncio.sleep(0.02)
+        recovered = await client.get("/health")
+    assert [r.status_code for r in responses] == [200, 200]
+    assert health.status_code == 200 and health.json()["index"] == "degraded"
+    assert degraded_gauge == 1
+    assert errors == 2
+    assert 'branch="degraded_hash"' in branches or 'branch="session_affinity"' in branches
+    assert recovered.json()["index"] == "ok"
+    assert gateway.metrics.registry.get_sample_value(gauge) == 0

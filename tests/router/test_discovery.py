@@ -1,0 +1,77 @@
+"""Static discovery: what a pod serves, which slots are busy, down/up transitions and fencing."""
+
+from __future__ import annotations
+
+from llamafleet_core.types import PodRef
+from llamafleet_router.discovery.base import PodProps, model_name
+from llamafleet_router.discovery.static import StaticDiscovery
+from llamafleet_router.settings import PodSpec
+from tests.router.fakes import FakeFleet, FakePod
+
+URL = "http://pod-x:8080"
+
+
+def test_model_name_is_alias_or_model_file_basename() -> None:
+    assert model_name({"model_alias": "qwen", "model_path": "/m/q.gguf"}) == "qwen"
+    assert model_name({"model_alias": "/m/q.gguf", "model_path": "/m/q.gguf"}) == "q.gguf"
+    assert model_name({"model_path": "/models/tiny.gguf"}) == "tiny.gguf"
+    props = PodProps.from_props(
+        {"total_slots": 3, "model_alias": "a", "default_generation_settings": {"n_ctx": 9}}
+    )
+    assert (props.model, props.total_slots, props.n_ctx) == ("a", 3, 9)
+
+
+async def test_pod_lifecycle_changes_epoch_and_fences_old_uid_when_it_comes_back() -> None:
+    """Down on a connection error; up again on /health 200 with a NEW uid; the old uid is fenced."""
+    pod = FakePod(URL, model="m", n_slots=3, busy={1})
+    fleet = FakeFleet(pod)
+    fenced: list[PodRef] = []
+
+    async def fence(old: PodRef) -> None:
+        fenced.append(old)
+
+    async with fleet.client() as http:
+        spec = PodSpec.parse(f"{URL}|http://agent-x:9000")
+        disc = StaticDiscovery([spec], http, poll_interval=60, fence=fence)
+        await disc.start()
+        try:
+            [status] = await disc.endpoints()
+            assert status.ready and status.model == "m" and status.endpoint.n_slots == 3
+            assert status.busy_slots == frozenset({1})
+            assert status.endpoint.agent_url == "http://agent-x:9000"
+            first_uid = status.endpoint.uid
+            assert first_uid.startswith(URL + "@")
+
+            pod.healthy = False
+            await disc.poll_once()
+            [down] = await disc.endpoints()
+            assert not down.ready and fenced == []
+
+            pod.healthy = True
+            await disc.poll_once()
+            [back] = await disc.endpoints()
+            assert back.ready and back.endpoint.uid != first_uid
+            assert back.endpoint.pod.epoch > status.endpoint.pod.epoch
+            assert [ref.uid for ref in fenced] == [first_uid]
+
+            # a restart seen only through /slots (layout changed) is a new epoch too
+            pod.n_ctx = 8192
+            await disc.poll_once()
+            [restarted] = await disc.endpoints()
+            assert restarted.ready and restarted.endpoint.uid != back.endpoint.uid
+            assert [ref.uid for ref in fenced] == [first_uid, back.endpoint.uid]
+
+            disc.mark_down(restarted.endpoint.uid)
+            assert not (await disc.endpoints())[0].ready
+        finally:
+            await disc.stop()
+
+
+async def test_pod_never_reached_has_no_props_and_is_not_ready() -> None:
+    pod = FakePod(URL, healthy=False)
+    async with FakeFleet(pod).client() as http:
+        disc = StaticDiscovery([PodSpec.parse(URL)], http, poll_interval=60)
+        await disc.start()
+        [status] = await disc.endpoints()
+        await disc.stop()
+    assert not status.ready and status.props is None
