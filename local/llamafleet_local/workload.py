@@ -119,9 +119,10 @@ def make_profile(spec: WorkloadSpec) -> AgentProfile:
     paragraphs: list[str] = ["You are a coding agent working in the user's workspace."]
     while sum(len(p) for p in paragraphs) < max(0, body_budget - 400):
         paragraphs.append(" ".join(_sentence(rng, rng.randint(8, 20)) for _ in range(5)))
-    workspace = (
-        f"<workspace>\nWorking directory: {spec.workspace}\nGit branch: main\nPlatform: linux\n</workspace>"
-    )
+    workspace = "\n".join((
+        "<workspace>", f"Working directory: {spec.workspace}", "Git branch: main", "Platform: linux",
+        "</workspace>",
+    ))
     started = spec.day.strftime("%A, %B %d, %Y").replace(" 0", " ")
     system = "\n\n".join([*paragraphs, workspace, f"Conversation started: {started}"])
     return AgentProfile(tools=tuple(tools), system_prompt=system)

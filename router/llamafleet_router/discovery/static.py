@@ -39,6 +39,7 @@ class _Pod:
     ref: PodRef | None = None
     props: PodProps | None = None
     busy: frozenset[int] = frozenset()
+    polled_at: float = 0.0
     shape: tuple[tuple[int, int], ...] | None = None
     first_poll: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -102,7 +103,8 @@ class StaticDiscovery:
             agent_url=pod.spec.agent_url,
             ready=pod.up,
         )
-        return PodStatus(endpoint=endpoint, props=pod.props, busy_slots=pod.busy if pod.up else frozenset())
+        return PodStatus(endpoint=endpoint, props=pod.props, busy_slots=pod.busy if pod.up else frozenset(),
+                         polled_at=pod.polled_at)
 
     async def _watch(self, pod: _Pod) -> None:
         while True:
@@ -123,6 +125,7 @@ class StaticDiscovery:
             except LlamaError:
                 return
             await self._bring_up(pod, props)
+        sent_at = time.monotonic()
         try:
             slots = await pod.client.slots()
         except LlamaError as exc:
@@ -141,6 +144,7 @@ class StaticDiscovery:
                 self._down(pod, str(exc))
                 return
         pod.shape = shape
+        pod.polled_at = sent_at
         pod.busy = frozenset(int(s.get("id", i)) for i, s in enumerate(slots) if s.get("is_processing"))
 
     async def _bring_up(self, pod: _Pod, props: dict[str, Any]) -> None:
