@@ -1,0 +1,17 @@
+"""llamafleet_agent: the snapshot sidecar beside each llama-server.
+
+It owns the server's `--slot-save-path` folder. Routes (all but `/health` need the shared bearer token):
+
+- `POST /v1/snapshots/save {slot, name, pinned?, blocks?, block_chars?, tokens?}` -> manifest
+- `POST /v1/snapshots/pull {name, source, pinned?}` -> manifest (fetched from a peer agent and verified)
+- `POST /v1/snapshots/{name}/restore {slot}` -> {n_tokens, verify_ms, restore_ms, total_ms}
+- `GET /v1/snapshots`, `GET|DELETE /v1/snapshots/{name}`, `GET /v1/snapshots/{name}/file`
+- `GET /v1/fingerprint` (this pod's), `GET /health`, `GET /ready`, `GET /metrics`
+
+Refusals answer `{"error": {"kind": ..., "reason": ...}}` with 4xx (or 502 when a peer or the server failed).
+"""
+
+from llamafleet_agent.app import create_app
+from llamafleet_agent.settings import AgentSettings
+
+__all__ = ["AgentSettings", "create_app"]

@@ -1,0 +1,257 @@
+"""The agent's HTTP API (a Starlette app). See the package docstring for the routes.
+
+Only the router and the operator may call it: every route but `/health` and `/ready` needs the shared bearer token,
+compared in constant time. JSON bodies are capped (1 MiB by default) before they are parsed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import os
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import httpx
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from pydantic import BaseModel, Field, ValidationError
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from llamafleet_agent import files
+from llamafleet_agent.metrics import AgentMetrics
+from llamafleet_agent.service import LlamaLike, SnapshotService
+from llamafleet_agent.settings import AgentSettings
+from llamafleet_agent.store import Refused, SnapshotStore
+
+M = TypeVar("M", bound=BaseModel)
+# Probes: the kubelet cannot send the shared token, and readiness reveals nothing sensitive.
+PUBLIC_PATHS = frozenset({"/health", "/ready"})
+
+
+class SaveBody(BaseModel):
+    slot: int = Field(ge=0)
+    name: str
+    pinned: bool = False
+    blocks: list[str] | None = None
+    block_chars: int = Field(default=0, ge=0)
+    tokens: list[int] | None = None
+
+
+class PullBody(BaseModel):
+    name: str
+    source: str
+    pinned: bool | None = None
+
+
+class RestoreBody(BaseModel):
+    slot: int = Field(ge=0)
+
+
+class BearerAuth:
+    """Pure ASGI middleware: 401 unless `Authorization: Bearer <token>` matches (constant-time)."""
+
+    def __init__(self, app: ASGIApp, token: str, metrics: AgentMetrics) -> None:
+        self.app = app
+        self._expected = f"Bearer {token}".encode()
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] not in PUBLIC_PATHS:
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self._expected):
+                self.metrics.refusals.labels("auth").inc()
+                response = _error(401, "auth", "missing or wrong bearer token")
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+class _HeldStream(StreamingResponse):
+    """A streaming response that releases what it holds (file, in-use mark) however the send ends.
+
+    A generator's own `finally` is not enough: if the peer hangs up before the first chunk, the
+    generator never starts and its cleanup never runs, which would pin the snapshot forever.
+    """
+
+    def __init__(self, stack: contextlib.ExitStack, content: AsyncIterator[bytes], **kwargs: Any) -> None:
+        super().__init__(content, **kwargs)
+        self._stack = stack
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._stack.close()
+
+
+def _error(status: int, kind: str, reason: str) -> JSONResponse:
+    return JSONResponse({"error": {"kind": kind, "reason": reason}}, status_code=status)
+
+
+async def _body(request: Request, model: type[M], limit: int) -> M:
+    declared = request.headers.get("content-length")
+    if declared is not None and (not declared.isdigit() or int(declared) > limit):
+        raise Refused("body", f"request body over {limit} bytes", 413)
+    data = bytearray()
+    async for chunk in request.stream():
+        data += chunk
+        if len(data) > limit:
+            raise Refused("body", f"request body over {limit} bytes", 413)
+    try:
+        return model.model_validate_json(bytes(data))
+    except ValidationError as exc:
+        raise Refused("body", f"invalid request body: {exc.errors()[0].get('msg', '')}", 400) from exc
+
+
+def create_app(
+    settings: AgentSettings,
+    *,
+    llama: LlamaLike,
+    http: httpx.AsyncClient,
+    registry: CollectorRegistry,
+    token: str | None = None,
+) -> Starlette:
+    """Build the agent app; `token` overrides the settings' token (tests), else `resolved_token()`."""
+    token = token or settings.resolved_token()
+    metrics = AgentMetrics(registry)
+    settings.snapshot_dir.mkdir(parents=True, exist_ok=True)
+    store = SnapshotStore(settings.snapshot_dir, settings.budget_bytes)
+    service = SnapshotService(settings, store, llama, http, metrics, token)
+    limit = settings.max_body_bytes
+
+    def operation(op: str) -> Callable[[Callable[[Request], Awaitable[Any]]], Callable[..., Any]]:
+        """Turn a handler's result or `Refused` into a response, counting outcomes and time per op."""
+
+        def wrap(handler: Callable[[Request], Awaitable[Any]]) -> Callable[[Request], Awaitable[Response]]:
+            async def endpoint(request: Request) -> Response:
+                started = time.perf_counter()
+                try:
+                    result = await handler(request)
+                except Refused as exc:
+                    metrics.refusals.labels(exc.kind).inc()
+                    metrics.ops.labels(op, "refused").inc()
+                    return _error(exc.status, exc.kind, exc.reason)
+                except OSError as exc:
+                    metrics.ops.labels(op, "error").inc()
+                    return _error(500, "io", f"{type(exc).__name__}: {exc}")
+                metrics.ops.labels(op, "ok").inc()
+                metrics.duration.labels(op).observe(time.perf_counter() - started)
+                if isinstance(result, Response):
+                    return result
+                if isinstance(result, BaseModel):
+                    return Response(result.model_dump_json(), media_type="application/json")
+                return JSONResponse(result)
+
+            return endpoint
+
+        return wrap
+
+    async def health(request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def ready(request: Request) -> Response:
+        llama_ok = await llama.health()
+        digest_ok = service.digest_ready()
+        body = {"ready": llama_ok and digest_ok, "llama": llama_ok, "model_digest": digest_ok}
+        return JSONResponse(body, status_code=200 if body["ready"] else 503)
+
+    async def metrics_endpoint(request: Request) -> Response:
+        manifests = store.list_all()
+        metrics.stored_count.set(len(manifests))
+        metrics.stored_bytes.set(sum(m.size for m in manifests))
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    @operation("fingerprint")
+    async def fingerprint(request: Request) -> Any:
+        return await service.fingerprint()
+
+    @operation("list")
+    async def list_snapshots(request: Request) -> Any:
+        return {"snapshots": [m.model_dump(mode="json") for m in store.list_all()]}
+
+    @operation("get")
+    async def get_snapshot(request: Request) -> Any:
+        return store.read_manifest(request.path_params["name"])
+
+    @operation("delete")
+    async def delete_snapshot(request: Request) -> Any:
+        name = request.path_params["name"]
+        if not store.delete(name):
+            raise Refused("not_found", f"no snapshot {name}", 404)
+        return {"deleted": name}
+
+    @operation("save")
+    async def save(request: Request) -> Any:
+        b = await _body(request, SaveBody, limit)
+        return await service.save(
+            b.slot, b.name, pinned=b.pinned, blocks=b.blocks, block_chars=b.block_chars, tokens=b.tokens
+        )
+
+    @operation("pull")
+    async def pull(request: Request) -> Any:
+        b = await _body(request, PullBody, limit)
+        return await service.pull(b.name, b.source, pinned=b.pinned)
+
+    @operation("restore")
+    async def restore(request: Request) -> Any:
+        b = await _body(request, RestoreBody, limit)
+        return await service.restore(request.path_params["name"], b.slot)
+
+    @operation("serve")
+    async def serve_file(request: Request) -> Any:
+        name = request.path_params["name"]
+        manifest = store.read_manifest(name)  # only complete snapshots are served
+        stack = contextlib.ExitStack()
+        stack.enter_context(store.in_use(name))
+        try:
+            fd = files.open_nofollow(store.bin_path(name))
+        except files.SymlinkRefused as exc:
+            stack.close()
+            raise Refused("symlink", f"snapshot file {name}.bin is a symlink") from exc
+        except FileNotFoundError as exc:
+            stack.close()
+            raise Refused("not_found", f"snapshot file {name}.bin is missing", 404) from exc
+        fh = stack.enter_context(os.fdopen(fd, "rb"))
+        size = os.fstat(fd).st_size
+
+        async def chunks() -> AsyncIterator[bytes]:
+            sent = 0
+            while chunk := await asyncio.to_thread(fh.read, files.CHUNK):
+                sent += len(chunk)
+                yield chunk
+            metrics.bytes.labels("served").inc(sent)
+
+        headers = {"content-length": str(size), "x-snapshot-sha256": manifest.sha256}
+        return _HeldStream(stack, chunks(), media_type="application/octet-stream", headers=headers)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        store.cleanup_temps()
+        service.start_digest()  # hash the model while llama-server is still loading it
+        yield
+
+    routes = [
+        Route("/health", health, methods=["GET"]),
+        Route("/ready", ready, methods=["GET"]),
+        Route("/metrics", metrics_endpoint, methods=["GET"]),
+        Route("/v1/fingerprint", fingerprint, methods=["GET"]),
+        Route("/v1/snapshots", list_snapshots, methods=["GET"]),
+        Route("/v1/snapshots/save", save, methods=["POST"]),
+        Route("/v1/snapshots/pull", pull, methods=["POST"]),
+        Route("/v1/snapshots/{name}", get_snapshot, methods=["GET"]),
+        Route("/v1/snapshots/{name}", delete_snapshot, methods=["DELETE"]),
+        Route("/v1/snapshots/{name}/file", serve_file, methods=["GET"]),
+        Route("/v1/snapshots/{name}/restore", restore, methods=["POST"]),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan)
+    app.state.service = service
+    app.state.store = store
+    app.add_middleware(BearerAuth, token=token, metrics=metrics)
+    return app

@@ -1,0 +1,76 @@
+"""`llamafleet agent ...`: run the snapshot agent under uvicorn.
+
+Flags override the `LLAMAFLEET_AGENT_*` environment; the operator passes the pod's rendered settings
+(cache types, flash attention, unified KV, slots, SWA) the same way it passes them to llama-server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from typing import Any
+
+import httpx
+import uvicorn
+from prometheus_client import CollectorRegistry
+
+from llamafleet_agent.app import create_app
+from llamafleet_agent.settings import AgentSettings
+from llamafleet_core.llama_client import LlamaClient
+
+_FLAGS: tuple[tuple[str, str, Any], ...] = (
+    ("--llama-url", "llama_url", str),
+    ("--snapshot-dir", "snapshot_dir", str),
+    ("--model-file", "model_file", str),
+    ("--model-sha256", "model_sha256", str),
+    ("--model-name", "model_name", str),
+    ("--cache-type-k", "cache_type_k", str),
+    ("--cache-type-v", "cache_type_v", str),
+    ("--flash-attn", "flash_attn", str),
+    ("--slots", "slots", int),
+    ("--token-file", "token_file", str),
+    ("--budget-bytes", "budget_bytes", int),
+    ("--pod-name", "pod_name", str),
+    ("--host", "host", str),
+    ("--port", "port", int),
+)
+_SWITCHES = (
+    ("--kv-unified", "kv_unified"),
+    ("--swa-full", "swa_full"),
+    ("--attn-rot-disabled", "attn_rot_disabled"),
+)
+
+
+def parse_settings(argv: list[str]) -> AgentSettings:
+    parser = argparse.ArgumentParser(prog="llamafleet agent", description=__doc__)
+    for flag, dest, kind in _FLAGS:
+        parser.add_argument(flag, dest=dest, type=kind, default=None)
+    for flag, dest in _SWITCHES:
+        parser.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction, default=None)
+    args = vars(parser.parse_args(argv))
+    return AgentSettings(**{k: v for k, v in args.items() if v is not None})
+
+
+async def serve(settings: AgentSettings) -> None:
+    async with httpx.AsyncClient() as http:
+        app = create_app(
+            settings, llama=LlamaClient(settings.llama_url, http), http=http, registry=CollectorRegistry()
+        )
+        config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="info")
+        await uvicorn.Server(config).serve()
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        settings = parse_settings(sys.argv[1:] if argv is None else argv)
+        settings.resolved_token()
+    except (ValueError, OSError) as exc:
+        print(f"llamafleet agent: {exc}", file=sys.stderr)
+        return 2
+    asyncio.run(serve(settings))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+"""Agent settings (environment prefix `LLAMAFLEET_AGENT_`).
+
+The KV settings are given, not discovered: llama-server does not report its cache types, flash-attention
+or unified-KV choice anywhere, and the agent is started from the same rendered pod spec as the server, so
+the spec is the one source of truth for both. Only the build string is read from the server (`/props`).
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+MIB = 1024 * 1024
+
+
+class AgentSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="LLAMAFLEET_AGENT_", extra="ignore")
+
+    llama_url: str = "http://127.0.0.1:8080"
+    snapshot_dir: Path = Path("snapshots")  # the server's --slot-save-path
+    model_file: Path = Path("model.gguf")  # hashed once for the fingerprint
+    model_sha256: str | None = None  # skip hashing when the deployer already knows the digest
+    model_name: str = ""
+
+    # The server's launch settings, from the same pod spec (see the module docstring).
+    cache_type_k: str = "f16"
+    cache_type_v: str = "f16"
+    flash_attn: str = "on"
+    kv_unified: bool = False
+    slots: int = Field(default=4, ge=1)
+    swa_full: bool = False
+    attn_rot_disabled: bool = False
+
+    token: SecretStr | None = None
+    token_file: Path | None = None
+    budget_bytes: int = Field(default=8 * 1024 * MIB, ge=0)
+    max_body_bytes: int = Field(default=MIB, ge=1024)
+    pod_name: str = Field(default_factory=socket.gethostname)
+
+    host: str = "127.0.0.1"
+    port: int = 8081
+
+    def resolved_token(self) -> str:
+        """The shared token, from `token` or else `token_file`; the agent never runs without one."""
+        if self.token is not None and self.token.get_secret_value():
+            return self.token.get_secret_value()
+        if self.token_file is not None:
+            value = self.token_file.read_text().strip()
+            if value:
+                return value
+        raise ValueError("the agent needs a shared token: set LLAMAFLEET_AGENT_TOKEN or a token file")

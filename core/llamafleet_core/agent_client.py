@@ -1,0 +1,99 @@
+"""Client of the snapshot agent, for the router and the operator.
+
+It lives in core because the router and the operator must not import the agent package (the components
+are independent by import rules); it speaks only HTTP and the shared manifest types. The `httpx.AsyncClient`
+is borrowed from the owner, like `LlamaClient`'s.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from llamafleet_core.snapshot import Fingerprint, RestoreResult, SnapshotManifest
+
+
+class AgentError(RuntimeError):
+    """The agent refused or failed: `reason` is its own explanation, `kind` its category.
+
+    `status` is the HTTP code, or None when the agent could not be reached at all.
+    """
+
+    def __init__(self, reason: str, status: int | None = None, kind: str = "") -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.status = status
+        self.kind = kind
+
+
+class AgentClient:
+    def __init__(self, base_url: str, http: httpx.AsyncClient, token: str) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._http = http
+        self._headers = {"Authorization": f"Bearer {token}"}
+
+    async def _call(self, method: str, path: str, json: Any = None, wait: float | None = 60.0) -> Any:
+        try:
+            resp = await self._http.request(
+                method, self.base_url + path, json=json, headers=self._headers, timeout=wait
+            )
+        except httpx.HTTPError as exc:
+            raise AgentError(f"{method} {path}: {type(exc).__name__}: {exc}") from exc
+        if resp.status_code >= 400:
+            try:
+                error = resp.json().get("error", {})
+                reason, kind = str(error.get("reason", resp.text)), str(error.get("kind", ""))
+            except (ValueError, AttributeError):
+                reason, kind = resp.text, ""
+            raise AgentError(reason, resp.status_code, kind)
+        return resp.json()
+
+    async def fingerprint(self) -> Fingerprint:
+        return Fingerprint.model_validate(await self._call("GET", "/v1/fingerprint"))
+
+    async def save(
+        self,
+        slot: int,
+        name: str,
+        *,
+        pinned: bool = False,
+        blocks: list[str] | None = None,
+        block_chars: int = 0,
+        tokens: list[int] | None = None,
+    ) -> SnapshotManifest:
+        """Save `slot` as snapshot `name`; with `tokens`, the agent refuses if the slot holds others."""
+        body: dict[str, Any] = {"slot": slot, "name": name, "pinned": pinned, "block_chars": block_chars}
+        if blocks is not None:
+            body["blocks"] = blocks
+        if tokens is not None:
+            body["tokens"] = tokens
+        return SnapshotManifest.model_validate(await self._call("POST", "/v1/snapshots/save", body, None))
+
+    async def pull(self, name: str, source: str, *, pinned: bool | None = None) -> SnapshotManifest:
+        """Have this agent fetch and verify `name` from the agent at `source` (a base URL)."""
+        body: dict[str, Any] = {"name": name, "source": source}
+        if pinned is not None:
+            body["pinned"] = pinned
+        return SnapshotManifest.model_validate(await self._call("POST", "/v1/snapshots/pull", body, None))
+
+    async def restore(self, name: str, slot: int) -> RestoreResult:
+        data = await self._call("POST", f"/v1/snapshots/{name}/restore", {"slot": slot}, None)
+        return RestoreResult.model_validate(data)
+
+    async def get(self, name: str) -> SnapshotManifest:
+        return SnapshotManifest.model_validate(await self._call("GET", f"/v1/snapshots/{name}"))
+
+    async def list(self) -> list[SnapshotManifest]:
+        data = await self._call("GET", "/v1/snapshots")
+        return [SnapshotManifest.model_validate(m) for m in data["snapshots"]]
+
+    async def delete(self, name: str) -> None:
+        await self._call("DELETE", f"/v1/snapshots/{name}")
+
+    async def ready(self) -> bool:
+        try:
+            resp = await self._http.get(self.base_url + "/ready", headers=self._headers, timeout=5.0)
+        except httpx.HTTPError:
+            return False
+        return resp.status_code == 200
