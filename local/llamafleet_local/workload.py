@@ -74,7 +74,8 @@ class AgentProfile:
     system_prompt: str
 
     def messages(self, user: str, history: tuple[dict[str, Any], ...] = ()) -> list[dict[str, Any]]:
-        return [{"role": "system", "content": self.system_prompt}, *history, {"role": "user", "content": user}]
+        system = {"role": "system", "content": self.system_prompt}
+        return [system, *history, {"role": "user", "content": user}]
 
     def request(
         self, model: str, user: str, *, history: tuple[dict[str, Any], ...] = (),

@@ -97,7 +97,7 @@ ROUTES = [
 
 
 async def test_request_refused_when_token_missing_or_wrong(pod: Pod) -> None:
-    """Every route but the probes (/health, /ready) answers 401 without the exact bearer token, and does nothing."""
+    """Every route but the probes answers 401 without the exact bearer token, and does nothing."""
     for auth in (None, "Bearer wrong", f"Bearer {TOKEN}x", TOKEN, f"bearer {TOKEN}"):
         for method, path, body in ROUTES:
             headers = {"Authorization": auth} if auth else {}
