@@ -1,7 +1,8 @@
 """The agent's HTTP API (a Starlette app). See the package docstring for the routes.
 
 Only the router and the operator may call it: every route but the probes (`/health`, `/ready`) needs
-the shared bearer token, compared in constant time. JSON bodies are capped (1 MiB by default) before they are parsed.
+the shared bearer token, compared in constant time. JSON bodies are capped (1 MiB by default) before
+they are parsed.
 """
 
 from __future__ import annotations
