@@ -33,6 +33,7 @@ from llamafleet_router.auth import ApiKeys
 from llamafleet_router.background import IndexHealth
 from llamafleet_router.discovery.base import Discovery, FenceHook
 from llamafleet_router.hooks import AfterResponse, SchedulerLike
+from llamafleet_router.leases import ReplicaLeases
 from llamafleet_router.logs import request_id_var
 from llamafleet_router.metrics import RouterMetrics
 from llamafleet_router.prompts import PromptRenderer
@@ -82,16 +83,21 @@ def make_http_client(settings: RouterSettings) -> httpx.AsyncClient:
 
 
 def build_scheduler(
-    settings: RouterSettings, index: PrefixIndex, leases: SlotLeases, metrics: RouterMetrics
+    settings: RouterSettings, index: PrefixIndex, leases: ReplicaLeases, metrics: RouterMetrics
 ) -> SchedulerLike:
     from llamafleet_router.scheduling.config import default_config, load_config_file
     from llamafleet_router.scheduling.scheduler import Scheduler
 
     config = load_config_file(settings.config_file) if settings.config_file else default_config()
-    holder = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     return Scheduler(
-        config, index=index, leases=leases, holder_prefix=holder, metrics_hook=metrics.scheduler_hook
+        config, index=index, leases=leases, holder_prefix=leases.replica,
+        metrics_hook=metrics.scheduler_hook,
     )
+
+
+def replica_name() -> str:
+    """This router replica's name in slot leases: unique per process, readable in Redis."""
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
 def _fence(index: PrefixIndex, metrics: RouterMetrics, health: IndexHealth) -> FenceHook:
@@ -138,7 +144,11 @@ def create_app(
             disc = discovery
         else:
             disc = discovery(client, _fence(index, metrics, health))
-        sched = scheduler if scheduler is not None else build_scheduler(settings, index, leases, metrics)
+        if scheduler is None:
+            gateway.leases = ReplicaLeases(leases, replica_name())
+            sched = build_scheduler(settings, index, gateway.leases, metrics)
+        else:
+            sched = scheduler
         gateway.http, gateway.discovery, gateway.scheduler = client, disc, sched
         gateway.after = AfterResponse(
             index=index, scheduler=sched, metrics=metrics, health=health,

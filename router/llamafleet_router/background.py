@@ -45,6 +45,9 @@ class TaskSet:
             if remaining is not None and remaining <= 0:
                 break
             await asyncio.wait(set(self._tasks), timeout=remaining)
+        if self._tasks:
+            log.warning("cancelling background tasks still running at shutdown",
+                        extra={"tasks": sorted(t.get_name() for t in self._tasks)})
         for task in list(self._tasks):
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):

@@ -53,12 +53,12 @@ def settings_from_args(argv: list[str] | None) -> RouterSettings:
 def build_index(settings: RouterSettings) -> tuple[PrefixIndex, SlotLeases, Any]:
     """The index and leases, plus the Redis client to close afterwards (None for memory)."""
     if settings.index == "redis":
-        import redis.asyncio as aioredis
-
-        from llamafleet_core.index.redis_index import RedisPrefixIndex, RedisSlotLeases
+        from llamafleet_core.index.redis_index import RedisPrefixIndex, RedisSlotLeases, connect
 
         assert settings.redis_url is not None
-        client = aioredis.from_url(settings.redis_url)
+        # Short timeouts and no retry backoff: a Redis outage must switch the router to degraded
+        # routing within a request, not stall requests while redis-py retries.
+        client = connect(settings.redis_url)
         return RedisPrefixIndex(client), RedisSlotLeases(client), client
     from llamafleet_core.index.memory import InMemoryPrefixIndex, InMemorySlotLeases
 

@@ -1,16 +1,16 @@
 """The router's live view of the fleet: discovery's pods plus its own in-flight bookkeeping.
 
-Discovery polls `/slots` once per interval; between polls the router knows better which slots it has just
-pinned requests to, so a slot is busy when the router has a request on it, or when the poll said so and
-the router has not itself finished a request on that slot since the poll was sent (otherwise a session's
-next turn, sent right after the previous answer, would find its own slot "busy" for up to one interval
-and go compute its whole prefix elsewhere). In-flight counts are changed synchronously
-(never across an await), so a cancelled request can always give its count back from a `finally`.
+A slot is busy for scheduling when THIS router has a request on it. Other replicas' requests are kept
+off it by the slot leases in Redis, which are exact, while `/slots` polls are up to one interval old: a
+replica that trusted them would see a slot another replica just released as busy, and send a session
+whose prefix that slot holds off to compute it elsewhere. (A request pinned to a slot that is busy with
+a client outside the gateway waits for it: llama-server defers pinned tasks.) In-flight counts are
+changed synchronously (never across an await), so a cancelled request can always give its count back
+from a `finally`.
 """
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from collections.abc import Sequence
 
@@ -27,7 +27,6 @@ class InFlight:
         self._metrics = metrics
         self._count: Counter[str] = Counter()
         self._slots: Counter[tuple[str, int]] = Counter()
-        self._ended: dict[tuple[str, int], float] = {}
 
     def begin(self, uid: str, pod_label: str, slot: int) -> None:
         self._count[uid] += 1
@@ -41,7 +40,6 @@ class InFlight:
             del self._count[uid]
         if slot != ANY_SLOT:
             self._slots[(uid, slot)] -= 1
-            self._ended[(uid, slot)] = time.monotonic()
             if self._slots[(uid, slot)] <= 0:
                 del self._slots[(uid, slot)]
         self._metrics.in_flight.labels(pod_label).dec()
@@ -54,10 +52,6 @@ class InFlight:
 
     def busy_slots(self, uid: str) -> frozenset[int]:
         return frozenset(slot for (pod, slot), n in self._slots.items() if pod == uid and n > 0)
-
-    def ended_since(self, uid: str, slot: int, instant: float) -> bool:
-        """Whether this router finished a request on the slot after `instant`."""
-        return self._ended.get((uid, slot), float("-inf")) > instant
 
 
 def served_models(pods: Sequence[PodStatus]) -> list[str]:
@@ -99,10 +93,7 @@ def endpoint_states(
     states = [
         EndpointState(
             endpoint=pod.endpoint,
-            busy_slots=in_flight.busy_slots(pod.endpoint.uid) | frozenset(
-                slot for slot in pod.busy_slots
-                if not in_flight.ended_since(pod.endpoint.uid, slot, pod.polled_at)
-            ),
+            busy_slots=in_flight.busy_slots(pod.endpoint.uid),
             in_flight=in_flight.count(pod.endpoint.uid),
             healthy=True,
         )

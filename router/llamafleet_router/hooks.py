@@ -83,6 +83,24 @@ class AfterResponse:
         except Exception:
             log.exception("lease release failed", extra={"pod": decision.endpoint.url, "slot": decision.slot})
 
+    async def dispatched(self, req: SchedRequest, decision: Decision) -> None:
+        """Record at once, provisionally, that the chosen slot will hold this prompt.
+
+        Written when the request is forwarded (in a background task, while the pod prefills), so a
+        session's next turn, or another replica, finds the slot even if it arrives before this response
+        has ended. `finished` then checks it against the server's `cache_n` and records the real size."""
+        if decision.slot == ANY_SLOT:
+            return
+        ref = SlotRef(decision.endpoint.pod.uid, decision.slot)
+        estimate = int(len(req.prompt.blocks) * self._block_chars / self._chars_per_token)
+        try:
+            await self._index.record_slot(req.model, ref, req.prompt.blocks, estimate)
+        except IndexUnavailable as exc:
+            self._index_failed("record_dispatched", exc)
+        except Exception:
+            self._metrics.index_errors.labels("record_dispatched").inc()
+            log.exception("recording the slot in the index failed")
+
     async def finished(
         self,
         req: SchedRequest,
@@ -90,16 +108,17 @@ class AfterResponse:
         outcome: Outcome,
         close: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
+        # Lease and index first: the client may already be sending its next turn. Closing the upstream
+        # response can wait for the relay to finish reading it.
+        await self.release(decision)
+        if outcome.status < 400 and outcome.stats is not None and outcome.stats.cache_n is not None:
+            slot = decision.slot if decision.slot != ANY_SLOT else outcome.served_slot
+            await self._verify_and_record(req.model, req.prompt, decision, slot, outcome.stats)
         if close is not None:
             try:
                 await close()
             except Exception:
                 log.debug("closing the upstream response failed", exc_info=True)
-        await self.release(decision)
-        if outcome.status >= 400 or outcome.stats is None or outcome.stats.cache_n is None:
-            return
-        slot = decision.slot if decision.slot != ANY_SLOT else outcome.served_slot
-        await self._verify_and_record(req.model, req.prompt, decision, slot, outcome.stats)
 
     async def _verify_and_record(
         self, model: str, prompt: PromptLike, decision: Decision, slot: int | None, stats: Stats

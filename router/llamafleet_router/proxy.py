@@ -8,14 +8,16 @@
 - A stream that fails midway ends with an SSE error event instead of hanging.
 
 `on_finish(outcome, close)` is called exactly once per response, synchronously (also when the client
-disconnects and the relay is cancelled), with a coroutine function that closes the upstream response;
-the caller gives back its bookkeeping at once and runs the rest (close, lease release, index writes) in a
-background task. Awaiting in a `finally` of a cancelled relay is not reliable (anyio cancel scopes cancel
+disconnects and the relay is cancelled; for streams, as soon as the terminal event is read and before it
+is relayed, so that the next request finds the slot idle), with a coroutine function that closes the
+upstream response once the relay stopped reading it; the caller gives back its bookkeeping at once and
+runs the rest (lease release, index writes, close) in a background task. Awaiting in a `finally` of a cancelled relay is not reliable (anyio cancel scopes cancel
 every await), hence this split. Starlette's `BackgroundTask` is not used: it does not run on disconnect.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -67,7 +69,10 @@ async def forward(
     *,
     on_finish: OnFinish,
     on_first_byte: OnFirstByte | None = None,
+    extra_headers: Mapping[str, str] | None = None,
 ) -> Response:
+    """Send `body` to `url` and relay the answer; `extra_headers` are added to the client's response
+    (the routing decision, for operators and tests)."""
     request = http.build_request("POST", url, content=body, headers=dict(headers))
     started = time.perf_counter()
     try:
@@ -81,11 +86,13 @@ async def forward(
 
     content_type = upstream.headers.get("content-type", "")
     if upstream.status_code >= 400 or not content_type.startswith("text/event-stream"):
-        return await _buffered(upstream, started, on_finish, on_first_byte)
+        response = await _buffered(upstream, started, on_finish, on_first_byte)
+        response.headers.update(extra_headers or {})
+        return response
     return RelayResponse(
         _relay(upstream, started, on_finish, on_first_byte),
         status_code=upstream.status_code,
-        headers=response_headers(upstream.headers),
+        headers={**response_headers(upstream.headers), **(extra_headers or {})},
     )
 
 
@@ -133,21 +140,20 @@ async def _relay(
     first = True
     completed = False
     error: str | None = None
-    try:
-        try:
-            async for chunk in upstream.aiter_raw():
-                if first and on_first_byte is not None:
-                    on_first_byte(time.perf_counter() - started)
-                first = False
-                tap.feed(chunk)
-                yield chunk
-            tap.close()
-            completed = True
-        except httpx.HTTPError as exc:
-            error = f"{type(exc).__name__}: {exc}"
-            log.warning("upstream stream failed midway", extra={"error": error})
-            yield sse_error_event(f"The upstream server failed midway: {type(exc).__name__}")
-    finally:
+    finished = False
+    # Set once this relay has stopped reading upstream: only then may the upstream response be closed
+    # (closing it under a running `aiter_raw` would break the relay's last read).
+    drained = asyncio.Event()
+
+    async def close_when_drained() -> None:
+        await drained.wait()
+        await upstream.aclose()
+
+    def finish() -> None:
+        nonlocal finished
+        if finished:
+            return
+        finished = True
         on_finish(
             Outcome(
                 status=upstream.status_code,
@@ -156,5 +162,30 @@ async def _relay(
                 disconnected=not completed and error is None,
                 error=error,
             ),
-            upstream.aclose,
+            close_when_drained,
         )
+
+    try:
+        try:
+            async for chunk in upstream.aiter_raw():
+                if first and on_first_byte is not None:
+                    on_first_byte(time.perf_counter() - started)
+                first = False
+                tap.feed(chunk)
+                if tap.finished and not completed:
+                    # Give the slot back BEFORE the client can see the end of the stream: an agent
+                    # sends its next turn at once, and it must find its slot idle, not still ours.
+                    tap.close()
+                    completed = True
+                    finish()
+                yield chunk
+            tap.close()
+            completed = True
+        except httpx.HTTPError as exc:
+            if not completed:
+                error = f"{type(exc).__name__}: {exc}"
+                log.warning("upstream stream failed midway", extra={"error": error})
+                yield sse_error_event(f"The upstream server failed midway: {type(exc).__name__}")
+    finally:
+        drained.set()
+        finish()  # a no-op when the terminal event already finished it

@@ -93,6 +93,9 @@ class SSETap:
     def __init__(self) -> None:
         self.stats: Stats | None = None
         self.saw_error = False
+        # The stream's last event has been seen (`[DONE]` for OpenAI routes, `message_stop` for
+        # Anthropic's): whatever follows is only the end of the HTTP body.
+        self.finished = False
         self._buf = b""
         self._pending_cr = False
         self._data: list[bytes] = []
@@ -128,6 +131,7 @@ class SSETap:
 
     def _event(self, data: bytes) -> None:
         if data.strip() == b"[DONE]":
+            self.finished = True
             return
         try:
             obj = json.loads(data)
@@ -135,4 +139,6 @@ class SSETap:
             return
         if isinstance(obj, Mapping) and "error" in obj:
             self.saw_error = True
+        if isinstance(obj, Mapping) and obj.get("type") == "message_stop":
+            self.finished = True
         self.stats = stats_from(obj, self.stats)

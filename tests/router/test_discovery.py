@@ -22,7 +22,8 @@ def test_model_name_is_alias_or_model_file_basename() -> None:
 
 
 async def test_pod_lifecycle_changes_epoch_and_fences_old_uid_when_it_comes_back() -> None:
-    """Down on a connection error; up again on /health 200 with a NEW uid; the old uid is fenced."""
+    """Down on a connection error; up again on /health 200 in a new epoch, and the pod's entries are
+    fenced (purged). The uid stays the pod's URL, so that every router replica names it alike."""
     pod = FakePod(URL, model="m", n_slots=3, busy={1})
     fleet = FakeFleet(pod)
     fenced: list[PodRef] = []
@@ -40,7 +41,7 @@ async def test_pod_lifecycle_changes_epoch_and_fences_old_uid_when_it_comes_back
             assert status.busy_slots == frozenset({1})
             assert status.endpoint.agent_url == "http://agent-x:9000"
             first_uid = status.endpoint.uid
-            assert first_uid.startswith(URL + "@")
+            assert first_uid == URL
 
             pod.healthy = False
             await disc.poll_once()
@@ -50,7 +51,7 @@ async def test_pod_lifecycle_changes_epoch_and_fences_old_uid_when_it_comes_back
             pod.healthy = True
             await disc.poll_once()
             [back] = await disc.endpoints()
-            assert back.ready and back.endpoint.uid != first_uid
+            assert back.ready and back.endpoint.uid == first_uid
             assert back.endpoint.pod.epoch > status.endpoint.pod.epoch
             assert [ref.uid for ref in fenced] == [first_uid]
 
@@ -58,8 +59,8 @@ async def test_pod_lifecycle_changes_epoch_and_fences_old_uid_when_it_comes_back
             pod.n_ctx = 8192
             await disc.poll_once()
             [restarted] = await disc.endpoints()
-            assert restarted.ready and restarted.endpoint.uid != back.endpoint.uid
-            assert [ref.uid for ref in fenced] == [first_uid, back.endpoint.uid]
+            assert restarted.ready and restarted.endpoint.pod.epoch > back.endpoint.pod.epoch
+            assert [ref.uid for ref in fenced] == [first_uid, first_uid]
 
             disc.mark_down(restarted.endpoint.uid)
             assert not (await disc.endpoints())[0].ready

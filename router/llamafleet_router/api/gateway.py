@@ -26,6 +26,7 @@ from llamafleet_router.discovery.base import Discovery
 from llamafleet_router.errors import ApiError, no_pod_available
 from llamafleet_router.fleet import InFlight, endpoint_states, props_for, resolve_model
 from llamafleet_router.hooks import AfterResponse, Outcome, SchedulerLike
+from llamafleet_router.leases import ReplicaLeases
 from llamafleet_router.logs import request_id_var
 from llamafleet_router.metrics import RouterMetrics
 from llamafleet_router.prompts import PromptRenderer
@@ -62,6 +63,15 @@ def _too_large(limit: int) -> ApiError:
                     code="request_too_large")
 
 
+def decision_headers(decision: Decision) -> dict[str, str]:
+    """Where the request went and why: the pod's name, the slot and the action (for operators and tests)."""
+    return {
+        "x-llamafleet-pod": decision.endpoint.pod.name,
+        "x-llamafleet-slot": str(decision.slot),
+        "x-llamafleet-action": f"{decision.action.value}/{decision.branch}",
+    }
+
+
 def fallback_decision(states: list[EndpointState]) -> Decision:
     """When even the scheduler could not decide because the index failed: the least loaded pod, any slot.
     No request fails because the index is unavailable."""
@@ -86,6 +96,8 @@ class _Finisher:
         self.done = True
         g, d = self.gateway, self.decision
         g.in_flight.end(d.endpoint.uid, d.endpoint.url, d.slot)
+        if g.leases is not None and d.lease_holder is not None:
+            g.leases.relinquish(d.slot_ref, d.lease_holder)
         g.metrics.requests.labels(self.req.model, self.key, str(outcome.status)).inc()
         if outcome.error:
             g.metrics.stream_errors.inc()
@@ -123,6 +135,7 @@ class Gateway:
         self.http: httpx.AsyncClient | None = None
         self.discovery: Discovery | None = None
         self.scheduler: SchedulerLike | None = None
+        self.leases: ReplicaLeases | None = None  # when the app built the scheduler itself
         self.after: AfterResponse | None = None
 
     async def chat(self, request: Request) -> Response:
@@ -181,6 +194,7 @@ class Gateway:
                                                                  frozenset(excluded)))
             uid, url = decision.endpoint.uid, decision.endpoint.url
             self.in_flight.begin(uid, url, decision.slot)
+            self.tasks.spawn(self.after.dispatched(req, decision), name="record-dispatched")
             finish = _Finisher(self, req, decision, key, time.perf_counter())
             try:
                 return await forward(
@@ -189,6 +203,7 @@ class Gateway:
                      "accept-encoding": "identity", "x-request-id": req.request_id},
                     on_finish=finish,
                     on_first_byte=self.metrics.upstream_ttft_seconds.labels(req.model).observe,
+                    extra_headers=decision_headers(decision),
                 )
             except PodUnreachable as exc:
                 finish.done = True  # nothing was forwarded: give back without counting a response

@@ -73,14 +73,12 @@ class PodStatus:
     """One pod as discovery sees it now.
 
     `endpoint.ready` is False while the pod is down (or was never reached); `props` is None until its
-    `/props` was read once. `busy_slots` comes from the latest `/slots` poll, which was sent at
-    `polled_at` (`time.monotonic()`): a slot this router released after that instant is idle whatever
-    the poll said."""
+    `/props` was read once. `busy_slots` comes from the latest `/slots` poll (for /health and
+    operators; scheduling trusts its own in-flight requests and the slot leases instead)."""
 
     endpoint: Endpoint
     props: PodProps | None
     busy_slots: frozenset[int] = frozenset()
-    polled_at: float = 0.0
 
     @property
     def ready(self) -> bool:

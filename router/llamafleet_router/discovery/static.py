@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,7 +38,6 @@ class _Pod:
     ref: PodRef | None = None
     props: PodProps | None = None
     busy: frozenset[int] = frozenset()
-    polled_at: float = 0.0
     shape: tuple[tuple[int, int], ...] | None = None
     first_poll: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -103,8 +101,7 @@ class StaticDiscovery:
             agent_url=pod.spec.agent_url,
             ready=pod.up,
         )
-        return PodStatus(endpoint=endpoint, props=pod.props, busy_slots=pod.busy if pod.up else frozenset(),
-                         polled_at=pod.polled_at)
+        return PodStatus(endpoint=endpoint, props=pod.props, busy_slots=pod.busy if pod.up else frozenset())
 
     async def _watch(self, pod: _Pod) -> None:
         while True:
@@ -125,7 +122,6 @@ class StaticDiscovery:
             except LlamaError:
                 return
             await self._bring_up(pod, props)
-        sent_at = time.monotonic()
         try:
             slots = await pod.client.slots()
         except LlamaError as exc:
@@ -144,15 +140,15 @@ class StaticDiscovery:
                 self._down(pod, str(exc))
                 return
         pod.shape = shape
-        pod.polled_at = sent_at
         pod.busy = frozenset(int(s.get("id", i)) for i, s in enumerate(slots) if s.get("is_processing"))
 
     async def _bring_up(self, pod: _Pod, props: dict[str, Any]) -> None:
         old = pod.ref
-        epoch = int(time.time() * 1000)
-        if old is not None and epoch <= old.epoch:
-            epoch = old.epoch + 1
-        pod.ref = PodRef(name=pod.spec.url, uid=f"{pod.spec.url}@{epoch}", epoch=epoch)
+        # Every router replica must name a pod alike, or replicas could not share index entries: the
+        # uid is the pod's URL, and a restart seen by any replica purges the pod's entries (fencing).
+        # llama-server exposes no start time; `epoch` only counts the restarts this replica saw.
+        epoch = old.epoch + 1 if old is not None else 0
+        pod.ref = PodRef(name=pod.spec.url, uid=pod.spec.url, epoch=epoch)
         pod.props = PodProps.from_props(props, self._model_name)
         pod.shape = None
         pod.busy = frozenset()
