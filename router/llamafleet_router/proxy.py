@@ -11,8 +11,9 @@
 disconnects and the relay is cancelled; for streams, as soon as the terminal event is read and before it
 is relayed, so that the next request finds the slot idle), with a coroutine function that closes the
 upstream response once the relay stopped reading it; the caller gives back its bookkeeping at once and
-runs the rest (lease release, index writes, close) in a background task. Awaiting in a `finally` of a cancelled relay is not reliable (anyio cancel scopes cancel
-every await), hence this split. Starlette's `BackgroundTask` is not used: it does not run on disconnect.
+runs the rest (lease release, index writes, close) in a background task. Awaiting in a `finally` of a
+cancelled relay is not reliable (anyio cancel scopes cancel every await), hence this split.
+Starlette's `BackgroundTask` is not used: it does not run on disconnect.
 """
 
 from __future__ import annotations

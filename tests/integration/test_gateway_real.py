@@ -105,7 +105,7 @@ async def test_two_gateway_replicas_agree_and_never_pin_one_slot_twice(
         assert len(set(pinned)) == len(pinned) == 8, pinned
 
 
-class contextlib_streams:  # noqa: N801 - used as `async with`, reads like a function
+class contextlib_streams:  # used as `async with`, reads like a function
     """Open one streaming request per URL concurrently; yield the responses with headers read, then
     drain and close them all."""
 
