@@ -15,12 +15,9 @@ from collections.abc import Callable, Sequence
 COMMANDS: dict[str, tuple[str, str]] = {
     "router": ("llamafleet_router.cli", "run the prefix-aware OpenAI-compatible gateway"),
     "agent": ("llamafleet_agent.cli", "run the snapshot agent beside one llama-server"),
-    "operator": ("llamafleet_operator.cli", "run the Kubernetes operator (kopf)"),
-    "up": ("llamafleet_local.up", "run a whole fleet as local processes from a FLEET.yaml"),
     "demo": ("llamafleet_local.demo", "start a tiny model on llama-server and send a chat request"),
     "build-server": ("llamafleet_local.llama_build", "build (or find) the llama-server binary"),
     "models": ("llamafleet_local.tinymodels", "write (or find) the tiny test models"),
-    "bench": ("llamafleet_local.bench", "run a benchmark"),
 }
 
 
