@@ -6,6 +6,7 @@ and free of any client library so that `llamafleet_core` stays importable everyw
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -67,6 +68,22 @@ class SnapshotRef:
     n_tokens: int
     size_bytes: int
     last_block: str = ""  # hash of its last covered block: identifies the prefix it holds
+    # The exact text the snapshot holds is the first `n_chars` characters of the rendered prompt, with
+    # `text_hash` = `exact_text_hash` of them. Blocks cover only whole blocks; a hybrid (recurrent)
+    # model resumes only from a snapshot that the prompt extends exactly, so the tail is checked too.
+    n_chars: int = 0
+    text_hash: str = ""
+
+    def extended_by(self, text: str) -> bool:
+        """Whether `text` starts with exactly what this snapshot holds (unknown text: assume yes)."""
+        if not self.text_hash:
+            return True
+        return len(text) >= self.n_chars and exact_text_hash(text[: self.n_chars]) == self.text_hash
+
+
+def exact_text_hash(text: str) -> str:
+    """The identity of an exact prefix text (snapshots record it; the router checks requests against it)."""
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
 
 
 @dataclass(frozen=True, slots=True)

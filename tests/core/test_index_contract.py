@@ -23,7 +23,7 @@ from llamafleet_core.index import (
     SlotLeases,
 )
 from llamafleet_core.index.redis_index import RedisPrefixIndex, RedisSlotLeases, connect
-from llamafleet_core.types import SlotRef, SnapshotRef
+from llamafleet_core.types import SlotRef, SnapshotRef, exact_text_hash
 
 MODEL = "qwen2-tiny"
 
@@ -174,6 +174,18 @@ class TestPrefixIndexContract:
         assert [s.name for s in (await idx.lookup(MODEL, diverge_at_6)).snapshots] == ["p5"]
         diverge_at_3 = chain(base[: 3 * 8] + text(7, "y"))
         assert (await idx.lookup(MODEL, diverge_at_3)).snapshots == ()
+
+    async def test_snapshot_keeps_its_exact_text_identity_when_stored(self, backend: Backend) -> None:
+        """`n_chars` and `text_hash` (what a hybrid snapshot holds beyond its whole blocks) survive the
+        index, so the router can check that a prompt extends the snapshot exactly."""
+        prefix = text(5, "exact") + "<|im_start|>user"
+        blocks = chain(prefix)
+        ref = SnapshotRef("x", "pod-a@1", n_blocks=len(blocks), n_tokens=50, size_bytes=9,
+                          n_chars=len(prefix), text_hash=exact_text_hash(prefix))
+        await backend.index.record_snapshot(MODEL, ref, blocks)
+        [found] = (await backend.index.lookup(MODEL, chain(prefix + "\nhello"))).snapshots
+        assert (found.n_chars, found.text_hash) == (len(prefix), exact_text_hash(prefix))
+        assert found.extended_by(prefix + "\nhello") and not found.extended_by(prefix[:-1] + "X\nhello")
 
     async def test_snapshots_list_and_forget_when_recorded_again(self, backend: Backend) -> None:
         """Recording a snapshot again replaces it (its old chain stops matching); forget removes it."""

@@ -82,6 +82,8 @@ def _snapshot_from_json(raw: Any) -> SnapshotRef:
         n_tokens=int(d["n_tokens"]),
         size_bytes=int(d["size_bytes"]),
         last_block=str(d["last_block"]),
+        n_chars=int(d.get("n_chars", 0)),
+        text_hash=str(d.get("text_hash", "")),
     )
 
 
@@ -172,7 +174,8 @@ class RedisPrefixIndex(_RedisBase):
         snap = check_snapshot(snap, blocks)
         payload = json.dumps(
             {"name": snap.name, "pod_uid": snap.pod_uid, "n_blocks": snap.n_blocks,
-             "n_tokens": snap.n_tokens, "size_bytes": snap.size_bytes, "last_block": snap.last_block}
+             "n_tokens": snap.n_tokens, "size_bytes": snap.size_bytes, "last_block": snap.last_block,
+             "n_chars": snap.n_chars, "text_hash": snap.text_hash}
         )
         args: list[str | int] = [
             self._base(model), self._pod_key(snap.pod_uid), json.dumps([snap.pod_uid, snap.name]),

@@ -1,0 +1,179 @@
+"""Decision cost: what the gateway spends deciding where a 60K-character agent request goes.
+
+The path timed per request is the router's own, minus HTTP: `json.loads` of the body (parse), then
+`chat_identity` with the model's chat template (render with the Qwen3.5 template, cut the session prefix,
+chain the block hashes), then `Scheduler.schedule` with the default pipeline (one index lookup, filters,
+slot-level scorers, the picker, one slot-lease acquire). The scheduler's lease is given back after the
+clock stops, as the router does after the response.
+
+The index holds about 1,000 slot entries over 32 pods of 32 slots: 200 slots hold the same agent prefix
+as the requests (sessions of the same profile with their own questions), the rest hold prefixes of other
+agent profiles (other workspaces). Both a real redis-server (one Lua round trip per lookup, one per lease)
+and the in-memory index are measured. Each request asks a new question, so the full render is never
+cached, while the session prefix render and the compiled template are (as in a running gateway).
+
+Goal (the issue): p99 <= 2 ms for the whole decision with Redis.
+
+    .venv/bin/python bench/bench_decision.py [--requests 400]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import random
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from llamafleet_core.index import InMemoryPrefixIndex, InMemorySlotLeases, PrefixIndex, SlotLeases
+from llamafleet_core.index.redis_index import RedisPrefixIndex, RedisSlotLeases, connect
+from llamafleet_core.prefix import ChatTemplate, TemplateCache, chat_identity
+from llamafleet_core.types import Endpoint, PodRef, SlotRef
+from llamafleet_local.llama_build import source_dir
+from llamafleet_local.redis_server import RedisServer
+from llamafleet_local.workload import WorkloadSpec, make_profile, user_question
+from llamafleet_router.scheduling.config import default_config
+from llamafleet_router.scheduling.framework import EndpointState, SchedRequest
+from llamafleet_router.scheduling.scheduler import Scheduler
+
+HERE = Path(__file__).resolve().parent
+MODEL = "bench-model.gguf"
+BLOCK_CHARS = 256  # the router's default `block_chars`
+PODS, SLOTS, SHARED = 32, 32, 200
+ENTRIES = 1000
+
+
+def template() -> ChatTemplate:
+    source = (source_dir() / "models" / "templates" / "Qwen3.5-4B.jinja").read_text()
+    return ChatTemplate.from_props({"chat_template": source, "bos_token": "<|endoftext|>",
+                                    "eos_token": "<|im_end|>"}, cache=TemplateCache())
+
+
+def fleet() -> list[EndpointState]:
+    """32 pods of 32 slots; a quarter of each pod's slots busy, as in a fleet under load."""
+    states = []
+    for p in range(PODS):
+        ref = PodRef(name=f"pod-{p}", uid=f"pod-{p}@1", epoch=1)
+        endpoint = Endpoint(pod=ref, url=f"http://pod-{p}:8080", model=MODEL, n_slots=SLOTS)
+        busy = frozenset(range(p % 4, SLOTS, 4))
+        states.append(EndpointState(endpoint, busy_slots=busy, in_flight=len(busy)))
+    return states
+
+
+async def populate(index: PrefixIndex, tmpl: ChatTemplate) -> None:
+    """~1,000 slot entries: 200 holding this profile's prefix plus their own question and answer, the rest
+    holding prefixes of 40 other profiles (other workspaces: they share nothing past the first blocks)."""
+    rng = random.Random(3)
+    same = make_profile(WorkloadSpec(prefix_chars=60_000))
+    others = [make_profile(WorkloadSpec(prefix_chars=60_000, seed=100 + i, workspace=f"/srv/w{i}"))
+              for i in range(40)]
+    for i in range(ENTRIES):
+        profile = same if i < SHARED else others[i % len(others)]
+        identity = chat_identity(profile.request(MODEL, user_question(rng)), tmpl, model=MODEL,
+                                 block_chars=BLOCK_CHARS)
+        slot = SlotRef(f"pod-{i % PODS}@1", (i // PODS) % SLOTS)
+        await index.record_slot(MODEL, slot, identity.blocks, len(identity.text) // 4)
+
+
+def pct(samples: list[float], q: float) -> float:
+    s = sorted(samples)
+    return s[min(len(s) - 1, int(len(s) * q))]
+
+
+async def measure(
+    index: PrefixIndex, leases: SlotLeases, tmpl: ChatTemplate, requests: int
+) -> dict[str, Any]:
+    scheduler = Scheduler(default_config(), index=index, leases=leases, holder_prefix="bench")
+    states = fleet()
+    rng = random.Random(9)
+    profile = make_profile(WorkloadSpec(prefix_chars=60_000))
+    bodies = [json.dumps(profile.request(MODEL, user_question(rng))).encode() for _ in range(requests + 20)]
+    parts: dict[str, list[float]] = {"parse": [], "identity": [], "schedule": [], "total": []}
+    branches: dict[str, int] = {}
+    matched: list[int] = []
+    clock: Callable[[], float] = time.perf_counter
+    for i, raw in enumerate(bodies):
+        t0 = clock()
+        body = json.loads(raw)
+        t1 = clock()
+        identity = chat_identity(body, tmpl, model=MODEL, block_chars=BLOCK_CHARS)
+        t2 = clock()
+        decision = await scheduler.schedule(SchedRequest(f"r{i}", MODEL, identity), states)
+        t3 = clock()
+        await scheduler.release(decision)
+        if i < 20:  # warm-up: script load, connections, allocator
+            continue
+        for name, value in (("parse", t1 - t0), ("identity", t2 - t1), ("schedule", t3 - t2),
+                            ("total", t3 - t0)):
+            parts[name].append(value * 1000)
+        branches[decision.branch] = branches.get(decision.branch, 0) + 1
+        matched.append(decision.predicted_blocks)
+    out: dict[str, Any] = {f"{k}_p50": statistics.median(v) for k, v in parts.items()}
+    out |= {f"{k}_p99": pct(v, 0.99) for k, v in parts.items()}
+    out["branches"] = branches
+    out["predicted_blocks_p50"] = statistics.median(matched)
+    out["prompt_blocks"] = len(identity.blocks)
+    return out
+
+
+async def run(requests: int) -> dict[str, Any]:
+    tmpl = template()
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-decision-") as tmp:
+        server = RedisServer(Path(tmp)).start()
+        client = connect(server.url, timeout_s=5)
+        try:
+            redis_index = RedisPrefixIndex(client)
+            memory_index = InMemoryPrefixIndex()
+            backends: list[tuple[str, PrefixIndex, SlotLeases]] = [
+                ("redis", redis_index, RedisSlotLeases(client)),
+                ("memory", memory_index, InMemorySlotLeases()),
+            ]
+            for name, index, leases in backends:
+                await populate(index, tmpl)
+                results[name] = await measure(index, leases, tmpl, requests)
+            results["redis"]["keys"] = await client.dbsize()
+        finally:
+            await client.aclose()
+            server.stop()
+    return results
+
+
+def table(results: dict[str, Any]) -> str:
+    lines = ["| index | parse p50 | identity p50 | schedule p50 | total p50 | parse p99 | identity p99 "
+             "| schedule p99 | total p99 | branches |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for name, r in results.items():
+        cells = [f"{r[f'{k}_p50']:.3f}" for k in ("parse", "identity", "schedule", "total")]
+        cells += [f"{r[f'{k}_p99']:.3f}" for k in ("parse", "identity", "schedule", "total")]
+        branches = ", ".join(f"{b} {n}" for b, n in sorted(r["branches"].items()))
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {branches} |")
+    return "\n".join(lines) + "\n\n(milliseconds; goal: Redis total p99 <= 2 ms)"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--requests", type=int, default=400)
+    p.add_argument("--out", type=Path, default=HERE / "results" / "decision.json")
+    args = p.parse_args()
+    started = time.time()
+    results = asyncio.run(run(args.requests))
+    print(table(results))
+    meta = {"requests": args.requests, "pods": PODS, "slots_per_pod": SLOTS, "entries": ENTRIES,
+            "sharing_prefix": SHARED, "block_chars": BLOCK_CHARS, "cpus": os.cpu_count(),
+            "python": platform.python_version(), "seconds": round(time.time() - started, 1),
+            "goal": {"redis_total_p99_ms": 2.0}}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"meta": meta, "results": results}, indent=1) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
