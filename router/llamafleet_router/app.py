@@ -28,7 +28,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from llamafleet_core.index.base import PrefixIndex, SlotLeases
 from llamafleet_core.types import PodRef
 from llamafleet_router.api.gateway import Gateway
-from llamafleet_router.api.info import InfoRoutes, http_error, server_error
+from llamafleet_router.api.info import InfoRoutes, Readiness, http_error, server_error
 from llamafleet_router.auth import ApiKeys
 from llamafleet_router.background import IndexHealth
 from llamafleet_router.discovery.base import Discovery, FenceHook
@@ -121,11 +121,13 @@ def create_app(
     scheduler: SchedulerLike | None = None,
     registry: CollectorRegistry | None = None,
     http: httpx.AsyncClient | None = None,
+    readiness: Readiness | None = None,
 ) -> Starlette:
     """The gateway app. `discovery` is a Discovery, or a factory called in the lifespan with the app's
     HTTP client and the fencing hook. An injected `http` client is used and left open (its owner closes
-    it); otherwise the lifespan creates and closes one. `app.state.gateway` exposes the running state
-    to embedding code and tests; routes never look anything up there."""
+    it); otherwise the lifespan creates and closes one. `readiness`, when given, is one more condition
+    for `/health` (the local runtime's "all pods up, all prefixes warm"). `app.state.gateway` exposes the
+    running state to embedding code and tests; routes never look anything up there."""
     metrics = RouterMetrics(registry if registry is not None else CollectorRegistry())
     keys = ApiKeys.from_settings(settings)
     if not keys.enabled:
@@ -135,7 +137,7 @@ def create_app(
         keys=keys, metrics=metrics, prompts=PromptRenderer(settings.block_chars), health=health,
         max_body_bytes=settings.max_body_bytes, retries=settings.retries,
     )
-    info = InfoRoutes(gateway)
+    info = InfoRoutes(gateway, readiness)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

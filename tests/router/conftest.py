@@ -50,7 +50,9 @@ def make_app(
 ) -> AppFactory:
     """Build an app over the fake fleet; keyword arguments override settings or collaborators."""
 
-    def build(*, scheduler: Any = None, index_override: Any = None, **overrides: Any) -> Starlette:
+    def build(
+        *, scheduler: Any = None, index_override: Any = None, readiness: Any = None, **overrides: Any
+    ) -> Starlette:
         settings = RouterSettings(
             pods=list(fleet.pods), poll_interval=30.0, index_ping_interval=0.05, **overrides
         )
@@ -63,6 +65,7 @@ def make_app(
             scheduler=scheduler,
             registry=CollectorRegistry(),
             http=http,
+            readiness=readiness,
         )
 
     return build

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import ValidationError
@@ -12,6 +13,7 @@ from llamafleet_router.api.anthropic import to_chat_body
 from llamafleet_router.auth import ApiKeys, authenticate, parse_key_lines
 from llamafleet_router.errors import ApiError
 from llamafleet_router.hooks import judge
+from llamafleet_router.inprocess import app_client
 from llamafleet_router.settings import PodSpec, RouterSettings
 from llamafleet_router.sse import SSETap, Stats, stats_from
 from tests.router.fakes import sse_chunks
@@ -107,3 +109,19 @@ def test_anthropic_body_becomes_chat_shape() -> None:
     assert call == {"name": "ls", "arguments": json.dumps({"p": "/"})}
     assert chat["messages"][3] == {"role": "tool", "tool_call_id": "t1", "content": "a b"}
     assert chat["tools"][0]["function"]["parameters"] == {"type": "object"}
+
+
+async def test_health_is_unavailable_until_the_embedders_readiness_says_ready(make_app: Any) -> None:
+    """An embedder's readiness condition (all pods up, all prefixes warm) gates /health's 200."""
+    state = {"ready": False}
+
+    async def readiness() -> tuple[bool, dict[str, Any]]:
+        return state["ready"], {"prefixes_warm": state["ready"]}
+
+    app = make_app(readiness=readiness)
+    async with app_client(app) as client:
+        first = await client.get("/health")
+        state["ready"] = True
+        second = await client.get("/health")
+    assert first.status_code == 503 and first.json()["fleet"] == {"prefixes_warm": False}
+    assert second.status_code == 200 and second.json()["status"] == "ok"

@@ -4,6 +4,7 @@ everything else (unknown paths, llama-server admin paths, wrong methods, unexpec
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -19,9 +20,15 @@ from llamafleet_router.fleet import served_models
 log = logging.getLogger(__name__)
 
 
+#: An extra readiness condition from whoever embeds the gateway (the local runtime: "every pod up and
+#: every SharedPrefix warm"): returns (ready, details for the /health body).
+Readiness = Callable[[], Awaitable[tuple[bool, dict[str, Any]]]]
+
+
 class InfoRoutes:
-    def __init__(self, gateway: Gateway) -> None:
+    def __init__(self, gateway: Gateway, readiness: Readiness | None = None) -> None:
         self.gateway = gateway
+        self.readiness = readiness
 
     async def models(self, request: Request) -> Response:
         g = self.gateway
@@ -54,7 +61,13 @@ class InfoRoutes:
                 for pod in pods
             ],
         }
-        return JSONResponse(body, status_code=200 if ready else 503)
+        ok = bool(ready)
+        if self.readiness is not None:
+            extra_ok, details = await self.readiness()
+            body["fleet"] = details
+            ok = ok and extra_ok
+            body["status"] = "ok" if ok else "unavailable"
+        return JSONResponse(body, status_code=200 if ok else 503)
 
     async def metrics(self, request: Request) -> Response:
         return Response(generate_latest(self.gateway.metrics.registry), media_type=CONTENT_TYPE_LATEST)
