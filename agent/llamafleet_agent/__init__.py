@@ -6,7 +6,9 @@ It owns the server's `--slot-save-path` folder. Routes (all but `/health` need t
 - `POST /v1/snapshots/pull {name, source, pinned?}` -> manifest (fetched from a peer agent and verified)
 - `POST /v1/snapshots/{name}/restore {slot}` -> {n_tokens, verify_ms, restore_ms, total_ms}
 - `GET /v1/snapshots`, `GET|DELETE /v1/snapshots/{name}`, `GET /v1/snapshots/{name}/file`
-- `GET /v1/fingerprint` (this pod's), `GET /health`, `GET /ready`, `GET /metrics`
+- `GET|PUT /v1/required {snapshots}`: the snapshots this pod must hold to be ready (`required.py`)
+- `GET /v1/fingerprint` (this pod's), `GET /health`, `GET /ready` (503 naming missing required
+  snapshots), `GET /metrics`
 
 Refusals answer `{"error": {"kind": ..., "reason": ...}}` with 4xx (or 502 when a peer or the server failed).
 """

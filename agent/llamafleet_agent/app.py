@@ -27,6 +27,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from llamafleet_agent import files
 from llamafleet_agent.metrics import AgentMetrics
+from llamafleet_agent.required import Requirements
 from llamafleet_agent.service import LlamaLike, SnapshotService
 from llamafleet_agent.settings import AgentSettings
 from llamafleet_agent.store import Refused, SnapshotStore
@@ -49,6 +50,10 @@ class PullBody(BaseModel):
     name: str
     source: str
     pinned: bool | None = None
+
+
+class RequiredBody(BaseModel):
+    snapshots: list[str]
 
 
 class RestoreBody(BaseModel):
@@ -125,6 +130,9 @@ def create_app(
     settings.snapshot_dir.mkdir(parents=True, exist_ok=True)
     store = SnapshotStore(settings.snapshot_dir, settings.budget_bytes)
     service = SnapshotService(settings, store, llama, http, metrics, token)
+    requirements = Requirements(store, await_declaration=settings.await_required)
+    requirements.load()
+    service.required = requirements.names
     limit = settings.max_body_bytes
 
     def operation(op: str) -> Callable[[Callable[[Request], Awaitable[Any]]], Callable[..., Any]]:
@@ -157,11 +165,20 @@ def create_app(
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
+    async def current_fingerprint() -> Any:
+        with contextlib.suppress(Refused):
+            return await service.fingerprint()
+        return None
+
     async def ready(request: Request) -> Response:
         llama_ok = await llama.health()
         digest_ok = service.digest_ready()
-        body = {"ready": llama_ok and digest_ok, "llama": llama_ok, "model_digest": digest_ok}
-        return JSONResponse(body, status_code=200 if body["ready"] else 503)
+        fingerprint = await current_fingerprint() if llama_ok and digest_ok else None
+        required = requirements.status(fingerprint)
+        ok = llama_ok and digest_ok and fingerprint is not None and required.satisfied
+        body = {"ready": ok, "llama": llama_ok, "model_digest": digest_ok, "declared": required.declared,
+                "required": required.required, "missing": required.missing}
+        return JSONResponse(body, status_code=200 if ok else 503)
 
     async def metrics_endpoint(request: Request) -> Response:
         manifests = store.list_all()
@@ -187,6 +204,17 @@ def create_app(
         if not store.delete(name):
             raise Refused("not_found", f"no snapshot {name}", 404)
         return {"deleted": name}
+
+    @operation("required")
+    async def get_required(request: Request) -> Any:
+        return requirements.status(await current_fingerprint())
+
+    @operation("required")
+    async def put_required(request: Request) -> Any:
+        b = await _body(request, RequiredBody, limit)
+        requirements.set(b.snapshots)
+        service.required = requirements.names
+        return requirements.status(await current_fingerprint())
 
     @operation("save")
     async def save(request: Request) -> Any:
@@ -244,6 +272,8 @@ def create_app(
         Route("/metrics", metrics_endpoint, methods=["GET"]),
         Route("/v1/fingerprint", fingerprint, methods=["GET"]),
         Route("/v1/snapshots", list_snapshots, methods=["GET"]),
+        Route("/v1/required", get_required, methods=["GET"]),
+        Route("/v1/required", put_required, methods=["PUT"]),
         Route("/v1/snapshots/save", save, methods=["POST"]),
         Route("/v1/snapshots/pull", pull, methods=["POST"]),
         Route("/v1/snapshots/{name}", get_snapshot, methods=["GET"]),

@@ -19,33 +19,38 @@ from llamafleet_agent.app import create_app
 from llamafleet_agent.settings import AgentSettings
 from llamafleet_core.llama_client import LlamaClient
 
-_FLAGS: tuple[tuple[str, str, Any], ...] = (
-    ("--llama-url", "llama_url", str),
-    ("--snapshot-dir", "snapshot_dir", str),
-    ("--model-file", "model_file", str),
-    ("--model-sha256", "model_sha256", str),
-    ("--model-name", "model_name", str),
-    ("--cache-type-k", "cache_type_k", str),
-    ("--cache-type-v", "cache_type_v", str),
-    ("--flash-attn", "flash_attn", str),
-    ("--slots", "slots", int),
-    ("--token-file", "token_file", str),
-    ("--budget-bytes", "budget_bytes", int),
-    ("--pod-name", "pod_name", str),
-    ("--host", "host", str),
-    ("--port", "port", int),
+# (flags, settings field, type). The first spelling is the one `llamafleet_core.podspec.agent_args`
+# renders for pods; the others are kept for people who start the agent by hand.
+_FLAGS: tuple[tuple[tuple[str, ...], str, Any], ...] = (
+    (("--server-url", "--llama-url"), "llama_url", str),
+    (("--snapshot-dir",), "snapshot_dir", str),
+    (("--model-path", "--model-file"), "model_file", str),
+    (("--model-sha256",), "model_sha256", str),
+    (("--model-name",), "model_name", str),
+    (("--fleet",), "fleet", str),
+    (("--cache-type-k",), "cache_type_k", str),
+    (("--cache-type-v",), "cache_type_v", str),
+    (("--flash-attn",), "flash_attn", str),
+    (("--slots",), "slots", int),
+    (("--token-file",), "token_file", str),
+    (("--budget-bytes",), "budget_bytes", int),
+    (("--pod-name",), "pod_name", str),
+    (("--host",), "host", str),
+    (("--port",), "port", int),
 )
 _SWITCHES = (
     ("--kv-unified", "kv_unified"),
     ("--swa-full", "swa_full"),
     ("--attn-rot-disabled", "attn_rot_disabled"),
+    ("--await-required", "await_required"),
+    ("--attach", "attach"),
 )
 
 
 def parse_settings(argv: list[str]) -> AgentSettings:
     parser = argparse.ArgumentParser(prog="llamafleet agent", description=__doc__)
-    for flag, dest, kind in _FLAGS:
-        parser.add_argument(flag, dest=dest, type=kind, default=None)
+    for flags, dest, kind in _FLAGS:
+        parser.add_argument(*flags, dest=dest, type=kind, default=None)
     for flag, dest in _SWITCHES:
         parser.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction, default=None)
     args = vars(parser.parse_args(argv))

@@ -69,6 +69,8 @@ class SnapshotService:
         self._token = token
         self._digest: asyncio.Future[str] | None = None
         self._server: tuple[str, int | None] | None = None  # (build_info, per-slot n_ctx)
+        # Snapshots the pod's readiness requires (`required.py`): never evicted to make room.
+        self.required: frozenset[str] = frozenset()
 
     # ---- this pod's identity -------------------------------------------------------------------
     def start_digest(self) -> asyncio.Future[str]:
@@ -262,5 +264,5 @@ class SnapshotService:
         )
 
     def _evict(self, incoming: int, keep: str) -> None:
-        for manifest in self.store.evict_for(incoming, frozenset({keep})):
+        for manifest in self.store.evict_for(incoming, frozenset({keep}) | self.required):
             self.metrics.evictions.labels(str(manifest.pinned).lower()).inc()

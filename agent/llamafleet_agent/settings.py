@@ -24,6 +24,8 @@ class AgentSettings(BaseSettings):
     model_file: Path = Path("model.gguf")  # hashed once for the fingerprint
     model_sha256: str | None = None  # skip hashing when the deployer already knows the digest
     model_name: str = ""
+    fleet: str = ""  # the LlamaFleet this pod belongs to (logs, metrics)
+    attach: bool = False  # llama-server runs a patched build with --slot-attach (reported, not used yet)
 
     # The server's launch settings, from the same pod spec (see the module docstring).
     cache_type_k: str = "f16"
@@ -39,6 +41,8 @@ class AgentSettings(BaseSettings):
     budget_bytes: int = Field(default=8 * 1024 * MIB, ge=0)
     max_body_bytes: int = Field(default=MIB, ge=1024)
     pod_name: str = Field(default_factory=socket.gethostname)
+    # Unready until the warmer declared the required snapshots (`PUT /v1/required`), see required.py.
+    await_required: bool = False
 
     host: str = "127.0.0.1"
     port: int = 8081

@@ -7,11 +7,26 @@ is borrowed from the owner, like `LlamaClient`'s.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import httpx
+from pydantic import BaseModel, Field
 
 from llamafleet_core.snapshot import Fingerprint, RestoreResult, SnapshotManifest
+
+
+class RequiredStatus(BaseModel):
+    """The snapshots a pod must hold before it is ready (`GET|PUT /v1/required`).
+
+    `declared` is false until someone set the list; with `--await-required` the pod is not ready
+    before that, so a pod created a moment ago cannot be routed to before its warmer got to it.
+    """
+
+    required: list[str] = Field(default_factory=list)
+    missing: list[str] = Field(default_factory=list)
+    declared: bool = False
+    satisfied: bool = True
 
 
 class AgentError(RuntimeError):
@@ -90,6 +105,28 @@ class AgentClient:
 
     async def delete(self, name: str) -> None:
         await self._call("DELETE", f"/v1/snapshots/{name}")
+
+    async def set_required(self, names: Iterable[str]) -> RequiredStatus:
+        """Replace the list of snapshots this pod must hold to be ready (always the whole set)."""
+        body: dict[str, Any] = {"snapshots": sorted(set(names))}
+        return RequiredStatus.model_validate(await self._call("PUT", "/v1/required", body))
+
+    async def required(self) -> RequiredStatus:
+        return RequiredStatus.model_validate(await self._call("GET", "/v1/required"))
+
+    async def readiness(self) -> dict[str, Any]:
+        """The body of `GET /ready` (it names missing required snapshots), whatever its status code."""
+        try:
+            resp = await self._http.get(self.base_url + "/ready", headers=self._headers, timeout=5.0)
+        except httpx.HTTPError as exc:
+            return {"ready": False, "error": f"{type(exc).__name__}: {exc}"}
+        try:
+            body = resp.json()
+        except ValueError:
+            body = {}
+        result: dict[str, Any] = body if isinstance(body, dict) else {}
+        result["ready"] = resp.status_code == 200 and bool(result.get("ready", True))
+        return result
 
     async def ready(self) -> bool:
         try:

@@ -142,6 +142,8 @@ def agent_args(
         "--flash-attn", flash,
         "--kv-unified" if spec.kv_unified else "--no-kv-unified",
         "--budget-bytes", str(snapshot_budget_bytes(spec)),
+        # Not ready (not routable) until told which SharedPrefix snapshots it must hold, and holds them.
+        "--await-required",
     ]
     if spec.model.sha256 is not None:
         args += ["--model-sha256", spec.model.sha256]

@@ -15,9 +15,12 @@ from collections.abc import Callable, Sequence
 COMMANDS: dict[str, tuple[str, str]] = {
     "router": ("llamafleet_router.cli", "run the prefix-aware OpenAI-compatible gateway"),
     "agent": ("llamafleet_agent.cli", "run the snapshot agent beside one llama-server"),
+    "operator": ("llamafleet_operator.cli", "run the Kubernetes operator (LlamaFleet, SharedPrefix)"),
+    "up": ("llamafleet_local.up", "run a FLEET.yaml (index, llama-server + agent pods, gateway) locally"),
     "demo": ("llamafleet_local.demo", "start a tiny model on llama-server and send a chat request"),
     "build-server": ("llamafleet_local.llama_build", "build (or find) the llama-server binary"),
     "models": ("llamafleet_local.tinymodels", "write (or find) the tiny test models"),
+    "helm": ("llamafleet_local.helm", "fetch (or find) the helm, kubectl and hadolint binaries"),
 }
 
 

@@ -83,7 +83,7 @@ def test_agent_argv_golden_carries_the_same_kv_layout_as_the_server() -> None:
         "--host", "0.0.0.0", "--port", "8090", "--server-url", "http://127.0.0.1:8080",
         "--snapshot-dir", "/snap", "--model-path", "/m/tiny.gguf", "--model-name", "tiny",
         "--slots", "2", "--cache-type-k", "q8_0", "--cache-type-v", "q8_0", "--flash-attn", "on",
-        "--kv-unified", "--budget-bytes", str(int((1 << 30) * 0.9)),
+        "--kv-unified", "--budget-bytes", str(int((1 << 30) * 0.9)), "--await-required",
         "--model-sha256", "a" * 64, "--fleet", "f", "--token-file", "/t", "--attach",
     ]
     server = server_args(s)

@@ -1,0 +1,138 @@
+"""The gateway of a local fleet: the router app, in-process, on 127.0.0.1:PORT.
+
+In-process rather than a `llamafleet router` subprocess for two reasons: `/health` can then ask the
+runtime directly whether every pod is up and every SharedPrefix warm (`create_app(readiness=...)`), and
+with `--index memory` the warming library and the gateway share the one in-memory index, which no
+second process could see. The router's JSON logs go to `gateway.log` in the run folder, not the terminal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import uvicorn
+from starlette.applications import Starlette
+
+from llamafleet_core.index.base import PrefixIndex, SlotLeases
+from llamafleet_router.api.info import Readiness
+from llamafleet_router.app import create_app
+from llamafleet_router.discovery.base import Discovery, FenceHook
+from llamafleet_router.discovery.static import StaticDiscovery
+from llamafleet_router.logs import JsonFormatter
+from llamafleet_router.settings import RouterSettings
+
+_LOGGERS = ("llamafleet_router", "uvicorn", "uvicorn.error", "uvicorn.access")
+
+
+@dataclass
+class Index:
+    """The prefix index and slot leases the gateway and the warming library share."""
+
+    index: PrefixIndex
+    leases: SlotLeases
+    redis_url: str | None  # None: in memory
+
+
+def open_index(redis_url: str | None) -> Index:
+    if redis_url is None:
+        from llamafleet_core.index.memory import InMemoryPrefixIndex, InMemorySlotLeases
+
+        return Index(InMemoryPrefixIndex(), InMemorySlotLeases(), None)
+    from llamafleet_core.index.redis_index import RedisPrefixIndex, RedisSlotLeases, connect
+
+    # One client for both: its fail-fast timeouts are what the router relies on in degraded mode.
+    client = connect(redis_url)
+    return Index(RedisPrefixIndex(client), RedisSlotLeases(client), redis_url)
+
+
+def log_to_file(path: Path) -> logging.Handler:
+    """Send the router's and uvicorn's loggers to `path`; returns the handler to remove afterwards."""
+    handler = logging.FileHandler(path)
+    handler.setFormatter(JsonFormatter())
+    for name in _LOGGERS:
+        logger = logging.getLogger(name)
+        logger.handlers = [handler]
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+    return handler
+
+
+def detach_log(handler: logging.Handler) -> None:
+    """Undo `log_to_file` (an embedding process outlives the run folder's log)."""
+    for name in _LOGGERS:
+        logger = logging.getLogger(name)
+        if handler in logger.handlers:
+            logger.removeHandler(handler)
+            logger.propagate = True
+    handler.close()
+
+
+def build_app(pods: Sequence[tuple[str, str]], index: Index, readiness: Readiness, *,
+              model_name: str, poll_interval: float = 0.5) -> Starlette:
+    """The router app over `(llama_url, agent_url)` pods, exactly as `llamafleet router` builds it."""
+    settings = RouterSettings(
+        pods=[f"{url}|{agent}" for url, agent in pods], redis_url=index.redis_url,
+        index="redis" if index.redis_url else "memory", poll_interval=poll_interval, model_name=model_name,
+    )
+
+    def discovery(http: httpx.AsyncClient, fence: FenceHook) -> Discovery:
+        # startup_timeout 0: pods start after the gateway (so /health says 503 meanwhile); no waiting.
+        return StaticDiscovery(settings.pod_specs, http, poll_interval=poll_interval,
+                               model_name=model_name, fence=fence, startup_timeout=0.1)
+
+    return create_app(settings, index=index.index, leases=index.leases, discovery=discovery,
+                      readiness=readiness)
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """Bind now (port 0: any free one), so a taken port fails before any pod is started."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+class _QuietServer(uvicorn.Server):
+    """uvicorn without its SIGINT/SIGTERM handlers: `up` owns the signals and stops the gateway first."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+@contextlib.asynccontextmanager
+async def serve(app: Starlette, sock: socket.socket, startup_timeout: float = 15.0) -> AsyncIterator[str]:
+    """Serve `app` with uvicorn on the bound socket; yields the base URL, stops it on exit."""
+    host, port = sock.getsockname()[:2]
+    config = uvicorn.Config(app, lifespan="on", log_config=None, access_log=False,
+                            timeout_graceful_shutdown=5)
+    server = _QuietServer(config)
+    task: asyncio.Task[Any] = asyncio.create_task(server.serve(sockets=[sock]), name="gateway")
+    try:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + startup_timeout
+        while not server.started:
+            if task.done():
+                task.result()
+                raise RuntimeError("the gateway exited during startup (see gateway.log)")
+            if loop.time() > deadline:
+                raise TimeoutError("the gateway did not start in time (see gateway.log)")
+            await asyncio.sleep(0.02)
+        yield f"http://{host}:{port}"
+    finally:
+        server.should_exit = True
+        with contextlib.suppress(asyncio.CancelledError, asyncio.TimeoutError):
+            await asyncio.wait_for(task, timeout=startup_timeout)
+        sock.close()

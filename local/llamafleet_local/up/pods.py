@@ -1,0 +1,121 @@
+"""One local replica: llama-server plus its snapshot agent, with the exact pod command lines.
+
+Both argv lists come from `llamafleet_core.podspec`, the renderer the operator puts into pod
+containers, so a local run exercises the real pod arguments; only the host (loopback), the ports and
+the folders differ, and those are parameters of the renderer. The agent's pod name goes through the
+environment (`LLAMAFLEET_AGENT_POD_NAME`), as the Kubernetes downward API would pass it.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from llamafleet_core import podspec
+from llamafleet_core.agent_client import AgentClient
+from llamafleet_core.crd.fleet import LlamaFleetSpec
+from llamafleet_local.redis_server import free_port
+from llamafleet_local.up.procs import Child
+
+HOST = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class PodLayout:
+    """Where one replica lives: its name, loopback ports and folders (fixed for the life of the run,
+    so a restarted pod comes back at the same URLs and finds its snapshot folder)."""
+
+    name: str
+    server_port: int
+    agent_port: int
+    snapshot_dir: Path
+    log_dir: Path
+
+    @property
+    def llama_url(self) -> str:
+        return f"http://{HOST}:{self.server_port}"
+
+    @property
+    def agent_url(self) -> str:
+        return f"http://{HOST}:{self.agent_port}"
+
+
+def layout(fleet: str, index: int, run_dir: Path) -> PodLayout:
+    name = f"{fleet}-{index}"
+    return PodLayout(name, free_port(), free_port(), run_dir / "snapshots" / name, run_dir)
+
+
+def server_argv(binary: Path, spec: LlamaFleetSpec, pod: PodLayout, model: Path) -> list[str]:
+    """llama-server's full argv (pure): the binary, then exactly `podspec.llama_server_args`."""
+    return [str(binary), *podspec.llama_server_args(
+        spec, model_path=str(model), port=pod.server_port, slot_save_path=str(pod.snapshot_dir), host=HOST,
+    )]
+
+
+def agent_args(spec: LlamaFleetSpec, pod: PodLayout, model: Path, fleet: str, token_file: Path) -> list[str]:
+    """The agent's arguments after `llamafleet agent` (pure): exactly `podspec.agent_args`."""
+    return podspec.agent_args(
+        spec, port=pod.agent_port, server_url=pod.llama_url, snapshot_dir=str(pod.snapshot_dir),
+        model_path=str(model), host=HOST, fleet=fleet, token_file=str(token_file),
+    )
+
+
+AGENT_COMMAND = [sys.executable, "-m", "llamafleet_local.cli", "agent"]
+
+
+@dataclass
+class LocalPod:
+    """A replica's two processes. `start()` returns once llama-server's `/health` and the agent's
+    `/ready` answer 200 (model loaded, model digest known)."""
+
+    layout: PodLayout
+    server: Child
+    agent: Child
+    restarts: int = 0
+    ready: bool = False
+    children: list[Child] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.children = [self.agent, self.server]  # stop order: the agent first, it calls the server
+
+    @classmethod
+    def build(cls, pod: PodLayout, *, binary: Path, spec: LlamaFleetSpec, model: Path, fleet: str,
+              token_file: Path) -> LocalPod:
+        server = Child(f"{pod.name} llama-server", server_argv(binary, spec, pod, model),
+                       pod.log_dir / f"{pod.name}.llama-server.log")
+        args = agent_args(spec, pod, model, fleet, token_file)
+        agent = Child(f"{pod.name} agent", [*AGENT_COMMAND, *args], pod.log_dir / f"{pod.name}.agent.log",
+                      env={"LLAMAFLEET_AGENT_POD_NAME": pod.name})
+        return cls(pod, server, agent)
+
+    @property
+    def name(self) -> str:
+        return self.layout.name
+
+    def dead(self) -> Child | None:
+        """The first of its processes that has exited, if any (only meaningful once started)."""
+        for child in (self.server, self.agent):
+            if child.proc is not None and not child.running:
+                return child
+        return None
+
+    async def start(self, http: httpx.AsyncClient, agent_token: str, timeout: float = 120.0) -> None:
+        self.ready = False
+        self.layout.snapshot_dir.mkdir(parents=True, exist_ok=True)
+        self.server.start()
+        await self.server.wait_http(self.layout.llama_url + "/health", http, timeout)
+        self.agent.start()
+        await self.agent.wait_http(self.layout.agent_url + "/health", http, timeout)
+        # Agents run with --await-required, as in a cluster: nothing is required until warming says
+        # what; until then /ready means llama-server reachable and the model's digest known (the digest
+        # fingerprints snapshots, so warming must wait for it).
+        await AgentClient(self.layout.agent_url, http, agent_token).set_required([])
+        await self.agent.wait_http(self.layout.agent_url + "/ready", http, timeout)
+
+    async def stop(self) -> None:
+        self.ready = False
+        for child in self.children:
+            await child.stop()

@@ -1,0 +1,267 @@
+"""`LocalFleet`: the whole fleet of a FLEET.yaml as local processes, for `up`, the demo and benchmarks.
+
+    async with LocalFleet(load_fleet(path), UpOptions(port=0)) as fleet:
+        await fleet.wait_ready()
+        ... requests to fleet.gateway_url ...
+
+Start order: the index, then the gateway (so `/health` answers 503 while the fleet comes up, instead of
+refusing connections), then the pods, then warming. Stop order is the reverse, gateway first, so no
+request is sent to a pod being stopped. Everything started is recorded in `state.json` of the run folder
+(pids and exact argv), which is what a test checks for strays.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import secrets
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import httpx
+
+from llamafleet_core.agent_client import AgentClient
+from llamafleet_core.warming import PodWarmState, PrefixSource, WarmError, WarmPod, warm_shared_prefix
+from llamafleet_local.redis_server import RedisServer
+from llamafleet_local.up import gateway as gw
+from llamafleet_local.up.config import FleetConfig
+from llamafleet_local.up.pods import LocalPod, layout
+from llamafleet_local.up.progress import FleetProgress, PrefixProgress, Reporter
+from llamafleet_local.up.resolve import Resolved, resolve
+from llamafleet_local.up.supervise import supervise
+
+EMBEDDED = "embedded"
+
+
+@dataclass
+class UpOptions:
+    port: int = 8000  # 0: any free port (tests, benchmarks)
+    index: str = EMBEDDED  # "embedded" (a private redis-server), "memory", or a redis:// URL
+    run_dir: Path | None = None  # default: runs/<timestamp>/ under the current directory
+    restart: bool = True  # restart a pod whose process died, and warm it again
+    max_restarts: int = 3  # per pod; beyond that the fleet gives up (exit non-zero)
+    pod_timeout: float = 180.0  # seconds for one pod to load its model and answer
+
+
+def default_run_dir(base: Path) -> Path:
+    return base / "runs" / time.strftime("%Y%m%d-%H%M%S")
+
+
+class LocalFleet:
+    def __init__(self, config: FleetConfig, options: UpOptions | None = None,
+                 reporter: Reporter | None = None) -> None:
+        self.config = config
+        self.options = options or UpOptions()
+        self.reporter = reporter or Reporter()
+        self.run_dir = (self.options.run_dir or default_run_dir(Path.cwd())).resolve()
+        self.progress = FleetProgress(pods_total=config.fleet.spec.replicas, prefixes={
+            p.metadata.name: PrefixProgress(p.metadata.name) for p in config.prefixes})
+        self.pods: list[LocalPod] = []
+        self.results: dict[str, Any] = {}  # prefix name -> WarmResult
+        self.sources: dict[str, PrefixSource] = {}
+        self.gateway_url = ""
+        self.agent_token = secrets.token_urlsafe(32)
+        self.redis: RedisServer | None = None
+        self.index: gw.Index | None = None
+        self.http = httpx.AsyncClient(timeout=httpx.Timeout(30.0, read=None))
+        self.app: Any = None
+        self._stack = contextlib.AsyncExitStack()
+        self._ready = asyncio.Event()
+        self._log_handler: Any = None
+        self.resolved: Resolved | None = None
+
+    # --- lifecycle -------------------------------------------------------------------------------
+
+    async def __aenter__(self) -> LocalFleet:
+        await self.start()
+        return self
+
+    async def __aexit__(self, et: type[BaseException] | None, e: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.stop()
+
+    @property
+    def model(self) -> str:
+        return self.config.fleet.spec.model.name
+
+    @property
+    def token_file(self) -> Path:
+        return self.run_dir / "agent-token"
+
+    async def start(self) -> None:
+        """Start everything and warm every prefix; on any failure, stop what was started and raise."""
+        try:
+            await self._start()
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def _start(self) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        # The token goes to the agents by file (0600), never on a command line or the terminal.
+        fd = os.open(self.token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(self.agent_token)
+        self.reporter.say(f"run folder {self.run_dir}")
+        self.resolved = await asyncio.to_thread(resolve, self.config, self.reporter.say)
+        # Ports are chosen before the gateway starts, so that it can be told its pods.
+        layouts = [layout(self.config.name, i, self.run_dir) for i in range(self.config.fleet.spec.replicas)]
+        res = self.resolved
+        self.pods = [
+            LocalPod.build(lay, binary=res.binary, spec=res.spec, model=res.model, fleet=self.config.name,
+                           token_file=self.token_file)
+            for lay in layouts
+        ]
+        await self._start_index()
+        await self._start_gateway()
+        self.write_state()
+        await asyncio.gather(*(self._start_pod(pod) for pod in self.pods))
+        self.write_state()
+        for prefix in self.config.prefixes:
+            await self._warm(prefix.metadata.name, PrefixSource.from_spec(
+                prefix.metadata.name, prefix.spec, self.model), pin=prefix.spec.pin)
+        await self._require_all()
+        self._check_ready()
+
+    async def _start_index(self) -> None:
+        choice = self.options.index
+        if choice == EMBEDDED:
+            self.redis = RedisServer(workdir=self.run_dir)
+            await asyncio.to_thread(self.redis.start)
+            url: str | None = self.redis.url
+        elif choice == "memory":
+            url = None
+        else:
+            url = choice
+        self.index = gw.open_index(url)
+        self.reporter.say(f"index: {url or 'in memory'}")
+
+    async def _start_gateway(self) -> None:
+        assert self.index is not None
+        sock = gw.bind("127.0.0.1", self.options.port)
+        self._log_handler = gw.log_to_file(self.run_dir / "gateway.log")
+        pods = [(p.layout.llama_url, p.layout.agent_url) for p in self.pods]
+        self.app = gw.build_app(pods, self.index, self.readiness, model_name=self.model)
+        self.gateway_url = await self._stack.enter_async_context(gw.serve(self.app, sock))
+        self.reporter.say(f"gateway {self.gateway_url} (503 on /health until every pod is up and warm)")
+
+    async def _start_pod(self, pod: LocalPod) -> None:
+        await pod.start(self.http, self.agent_token, self.options.pod_timeout)
+        pod.ready = True
+        self.progress.pods_up.add(pod.name)
+        self.report()
+
+    async def stop(self) -> None:
+        """Stop everything this fleet started, gateway first. Idempotent."""
+        self._ready.clear()
+        await self._stack.aclose()
+        await asyncio.gather(*(pod.stop() for pod in self.pods), return_exceptions=True)
+        self.progress.pods_up.clear()
+        if self.index is not None:
+            with contextlib.suppress(Exception):
+                await self.index.index.close()
+            self.index = None
+        if self.redis is not None:
+            await asyncio.to_thread(self.redis.stop)
+            self.redis = None
+        await self.http.aclose()
+        if self._log_handler is not None:
+            gw.detach_log(self._log_handler)
+            self._log_handler = None
+
+    async def run_until(self, stop: asyncio.Event) -> None:
+        """Keep the fleet whole until `stop` is set: restart and re-warm pods whose process died
+        (`supervise`); raises `FleetFailed` when a pod cannot be kept up."""
+        await supervise(self, stop)
+
+    # --- readiness -------------------------------------------------------------------------------
+
+    async def readiness(self) -> tuple[bool, dict[str, Any]]:
+        """The gateway's extra `/health` condition: every pod up and every SharedPrefix warm everywhere."""
+        summary = self.progress.summary()
+        summary["run_dir"] = str(self.run_dir)
+        return self.progress.ready, summary
+
+    @property
+    def ready(self) -> bool:
+        return self.progress.ready
+
+    async def wait_ready(self, timeout: float = 600.0) -> None:
+        await asyncio.wait_for(self._ready.wait(), timeout)
+
+    def _check_ready(self) -> None:
+        if self.progress.ready:
+            self._ready.set()
+        else:
+            self._ready.clear()
+
+    def report(self) -> None:
+        self._check_ready()
+        self.reporter(self.progress)
+
+    # --- warming ---------------------------------------------------------------------------------
+
+    def warm_pods(self) -> list[WarmPod]:
+        # uid = the llama-server URL: the identity the gateway's static discovery gives each pod.
+        return [WarmPod(p.name, p.layout.llama_url, p.layout.llama_url, p.layout.agent_url)
+                for p in self.pods]
+
+    def _on_state(self, track: PrefixProgress) -> Any:
+        def update(state: PodWarmState) -> None:
+            track.pods[state.pod] = PodWarmState(state.pod, state.state, state.tokens, state.bytes,
+                                                 state.seconds, state.message)
+            self.report()
+        return update
+
+    async def _warm(self, name: str, source: PrefixSource, *, pin: bool) -> None:
+        assert self.index is not None
+        track = self.progress.prefixes.setdefault(name, PrefixProgress(name))
+        track.started, track.finished, track.error = time.monotonic(), None, ""
+        self.sources[name] = source
+        self.report()
+        try:
+            result = await warm_shared_prefix(
+                source, self.warm_pods(), http=self.http, agent_token=self.agent_token,
+                index=self.index.index, pin=pin, progress=self._on_state(track))
+        except WarmError as exc:
+            track.error = str(exc)
+            track.finished = time.monotonic()
+            self.report()
+            raise
+        self.results[name] = result
+        track.finished = time.monotonic()
+        for state in result.pods:
+            if state.state == "failed":
+                self.reporter.say(f"prefix {name}: pod {state.pod} failed: {state.message}")
+        self.report()
+
+    async def _require_all(self) -> None:
+        for pod in self.pods:
+            await self.require(pod)
+
+    async def require(self, pod: LocalPod) -> None:
+        """Tell the pod's agent which snapshots its `/ready` needs. Always declared, even when empty:
+        agents run with `--await-required` and stay unready until told."""
+        names = sorted(r.snapshot for r in self.results.values()
+                       if any(s.pod == pod.name and s.state == "warm" for s in r.pods))
+        await AgentClient(pod.layout.agent_url, self.http, self.agent_token).set_required(names)
+
+    # --- bookkeeping -----------------------------------------------------------------------------
+
+    def write_state(self) -> None:
+        children = [c for p in self.pods for c in (p.server, p.agent)]
+        state = {
+            "pid": os.getpid(),
+            "gateway": self.gateway_url,
+            "index": self.index.redis_url if self.index else None,
+            "model": str(self.resolved.model) if self.resolved else None,
+            "redis": {"pid": self.redis.proc.pid if self.redis and self.redis.proc else None},
+            "processes": [{"name": c.name, "pid": c.pid, "argv": c.argv, "log": str(c.log)}
+                          for c in children],
+        }
+        (self.run_dir / "state.json").write_text(json.dumps(state, indent=2))

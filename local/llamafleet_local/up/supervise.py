@@ -1,0 +1,96 @@
+"""Keeping a running fleet whole: a pod whose process died is restarted and warmed again.
+
+Choice (documented in `llamafleet up --help`): restart, up to `max_restarts` times per pod, rather than
+give up at the first death. A restarted pod comes back at the same URLs with its snapshot folder intact,
+so warming it again costs a check (`warm_pod` finds the verified file and re-registers it) or one pull
+from a warm peer, never a prefill. While it is down the gateway's `/health` says 503 (not every pod is
+up) and routes around it. Beyond `max_restarts`, or with restarts off, `up` stops everything and exits 1,
+printing the tail of the dead process's log either way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from typing import TYPE_CHECKING
+
+from llamafleet_core.warming import warm_pod
+from llamafleet_local.up.procs import ChildFailed, log_tail
+
+if TYPE_CHECKING:
+    from llamafleet_local.up.pods import LocalPod
+    from llamafleet_local.up.runtime import LocalFleet
+
+POLL_S = 0.5
+GATEWAY_SEES_S = 10.0  # bound on waiting for the gateway to notice the restarted pod
+
+
+class FleetFailed(RuntimeError):
+    pass
+
+
+async def supervise(fleet: LocalFleet, stop: asyncio.Event) -> None:
+    """Until `stop` is set: watch every process; restart dead pods (or raise FleetFailed)."""
+    while not stop.is_set():
+        for pod in fleet.pods:
+            child = pod.dead()
+            if child is None:
+                continue
+            fleet.reporter.say(f"{child.name} exited with code {child.exit_code}; log {child.log}:\n"
+                               f"{log_tail(child.log)}")
+            opts = fleet.options
+            if not opts.restart or pod.restarts >= opts.max_restarts:
+                why = "restarts are off" if not opts.restart else f"{pod.restarts} restarts used"
+                raise FleetFailed(f"{child.name} died ({why})")
+            await restart(fleet, pod)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), POLL_S)
+
+
+async def _gateway_epoch(fleet: LocalFleet, url: str) -> tuple[bool, int]:
+    gateway = fleet.app.state.gateway if fleet.app is not None else None
+    if gateway is None or gateway.discovery is None:
+        return True, -1
+    for status in await gateway.discovery.endpoints():
+        if status.endpoint.url == url:
+            return status.ready, status.endpoint.pod.epoch
+    return False, -1
+
+
+async def restart(fleet: LocalFleet, pod: LocalPod) -> None:
+    """Stop both processes of `pod`, start them again, wait until the gateway sees it back, warm it."""
+    pod.restarts += 1
+    fleet.progress.restarts += 1
+    fleet.progress.pods_up.discard(pod.name)
+    fleet.report()
+    _, epoch_before = await _gateway_epoch(fleet, pod.layout.llama_url)
+    await pod.stop()
+    try:
+        await pod.start(fleet.http, fleet.agent_token, fleet.options.pod_timeout)
+    except ChildFailed as exc:
+        await pod.stop()
+        raise FleetFailed(f"{pod.name} did not come back: {exc}") from exc
+    # The gateway fences (purges) a restarted pod's index entries when it notices the restart; wait for
+    # that before registering the pod's snapshots again, or the purge would erase them.
+    deadline = time.monotonic() + GATEWAY_SEES_S
+    while time.monotonic() < deadline:
+        ready, epoch = await _gateway_epoch(fleet, pod.layout.llama_url)
+        if ready and epoch != epoch_before:
+            break
+        await asyncio.sleep(0.1)
+    peers = fleet.warm_pods()
+    me = next(p for p in peers if p.name == pod.name)
+    index = fleet.index.index if fleet.index else None
+    for name, result in fleet.results.items():
+        state = await warm_pod(result, fleet.sources[name], me, peers=peers, http=fleet.http,
+                               agent_token=fleet.agent_token, index=index)
+        result.pods = [state if s.pod == pod.name else s for s in result.pods]
+        fleet.progress.prefixes[name].pods[pod.name] = state
+        if state.state != "warm":
+            fleet.reporter.say(f"prefix {name}: pod {pod.name} not warm again: {state.message}")
+    await fleet.require(pod)
+    pod.ready = True
+    fleet.progress.pods_up.add(pod.name)
+    fleet.report()
+    fleet.write_state()
