@@ -1,0 +1,151 @@
+"""Fleet membership in Redis: how routers in a cluster learn the pods, written by the operator.
+
+Why Redis and not a pod watch in the router: the router then needs no Kubernetes client, no RBAC to
+list pods, and no watch per replica; it already reads Redis for the prefix index, and the operator
+already knows what a router cannot see from a pod object alone (which pods hold the fleet's shared
+prefixes, the slot count, whether attach is on). The operator is the only writer.
+
+Key schema (`P` = prefix, default `lf`, the index's; `F` = `namespace/fleet`):
+
+- `P:members:{F}`   HASH pod uid -> JSON member (below). Rewritten whole on every fleet reconcile (DEL +
+                    HSET in one MULTI), so a pod that left disappears at once. No expiry: routers keep
+                    routing to the last known pods while the operator restarts; `P:members-at:{F}`
+                    (STRING, ms since 1970) says how fresh the hash is.
+- `P:fleets`        SET of every `F` with a membership hash (for routers that serve all fleets).
+- channel `P:members`  PUBLISH of `F` after every change, so routers refresh without waiting for a poll.
+
+A member (JSON, camelCase): `name`, `uid` (the Kubernetes pod uid), `ip`, `port` (llama-server),
+`agentPort`, `slots`, `model`, `ready` (Ready in Kubernetes: containers ready AND the fleet's shared
+prefixes warm, see the readiness gate), `epoch` (pod start time in ms: with `uid` it fences index entries,
+so a replaced pod never inherits its predecessor's), `attach`, `warm` (names of the SharedPrefixes the
+pod holds).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import redis.asyncio as aioredis
+
+from llamafleet_core.types import Endpoint, PodRef
+
+DEFAULT_PREFIX = "lf"
+
+
+@dataclass(frozen=True)
+class Member:
+    """One pod of a fleet, as routers need it."""
+
+    name: str
+    uid: str
+    ip: str
+    port: int
+    agent_port: int
+    slots: int
+    model: str
+    ready: bool
+    epoch: int
+    attach: bool = False
+    warm: tuple[str, ...] = field(default=())
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.ip}:{self.port}"
+
+    @property
+    def agent_url(self) -> str:
+        return f"http://{self.ip}:{self.agent_port}"
+
+    def endpoint(self) -> Endpoint:
+        """The router's view of this pod."""
+        return Endpoint(
+            pod=PodRef(name=self.name, uid=self.uid, epoch=self.epoch),
+            url=self.url, model=self.model, n_slots=self.slots, agent_url=self.agent_url,
+            ready=self.ready, attach=self.attach,
+        )
+
+
+def encode(member: Member) -> str:
+    return json.dumps({
+        "name": member.name, "uid": member.uid, "ip": member.ip, "port": member.port,
+        "agentPort": member.agent_port, "slots": member.slots, "model": member.model,
+        "ready": member.ready, "epoch": member.epoch, "attach": member.attach, "warm": list(member.warm),
+    }, sort_keys=True, separators=(",", ":"))
+
+
+def decode(raw: str | bytes) -> Member:
+    """Inverse of `encode`; raises ValueError (or KeyError) on a malformed entry."""
+    data: dict[str, Any] = json.loads(raw)
+    return Member(
+        name=str(data["name"]), uid=str(data["uid"]), ip=str(data["ip"]), port=int(data["port"]),
+        agent_port=int(data["agentPort"]), slots=int(data["slots"]), model=str(data["model"]),
+        ready=bool(data["ready"]), epoch=int(data["epoch"]), attach=bool(data.get("attach", False)),
+        warm=tuple(str(w) for w in data.get("warm") or ()),
+    )
+
+
+def fleet_id(namespace: str, fleet: str) -> str:
+    return f"{namespace}/{fleet}"
+
+
+def members_key(namespace: str, fleet: str, prefix: str = DEFAULT_PREFIX) -> str:
+    return f"{prefix}:members:{fleet_id(namespace, fleet)}"
+
+
+async def write_members(redis: aioredis.Redis, namespace: str, fleet: str, members: Sequence[Member],
+                        *, prefix: str = DEFAULT_PREFIX) -> bool:
+    """Replace the fleet's membership; returns whether it changed (and routers were notified)."""
+    key = members_key(namespace, fleet, prefix)
+    wanted = {m.uid: encode(m) for m in members}
+    current = {_text(k): _text(v) for k, v in (await redis.hgetall(key)).items()}
+    fid = fleet_id(namespace, fleet)
+    async with redis.pipeline(transaction=True) as pipe:
+        if current != wanted:
+            pipe.delete(key)
+            if wanted:
+                pipe.hset(key, mapping=cast(Mapping[Any, Any], wanted))
+        pipe.sadd(f"{prefix}:fleets", fid)
+        pipe.set(f"{prefix}:members-at:{fid}", str(int(time.time() * 1000)))
+        await pipe.execute()
+    if current != wanted:
+        await redis.publish(f"{prefix}:members", fid)
+    return current != wanted
+
+
+async def read_members(redis: aioredis.Redis, namespace: str, fleet: str,
+                       *, prefix: str = DEFAULT_PREFIX) -> list[Member]:
+    """The fleet's pods, ordered by name; malformed entries are skipped, not fatal."""
+    out = []
+    for raw in (await redis.hgetall(members_key(namespace, fleet, prefix))).values():
+        try:
+            out.append(decode(raw))
+        except (ValueError, KeyError, TypeError):
+            continue
+    return sorted(out, key=lambda m: m.name)
+
+
+async def remove_fleet(redis: aioredis.Redis, namespace: str, fleet: str,
+                       *, prefix: str = DEFAULT_PREFIX) -> None:
+    fid = fleet_id(namespace, fleet)
+    async with redis.pipeline(transaction=True) as pipe:
+        pipe.delete(members_key(namespace, fleet, prefix), f"{prefix}:members-at:{fid}")
+        pipe.srem(f"{prefix}:fleets", fid)
+        await pipe.execute()
+    await redis.publish(f"{prefix}:members", fid)
+
+
+async def list_fleets(redis: aioredis.Redis, *, prefix: str = DEFAULT_PREFIX) -> list[tuple[str, str]]:
+    """(namespace, fleet) of every fleet with a membership hash."""
+    out = []
+    for raw in await redis.smembers(f"{prefix}:fleets"):
+        namespace, _, fleet = _text(raw).partition("/")
+        out.append((namespace, fleet))
+    return sorted(out)
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value

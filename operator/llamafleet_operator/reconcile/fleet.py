@@ -1,0 +1,138 @@
+"""LlamaFleet: render every child, server-side apply each, read the pods back, write status and membership.
+
+One function for create, update, resume and the timer: it never asks what changed, only what should be
+(level-based), so an operator restarted at any point converges on the next call. Children carry an
+ownerReference to the fleet, so deleting the fleet lets the garbage collector remove them; membership in
+Redis is the only external state, removed by `forget_fleet` (an optional delete handler: a leftover
+hash is harmless, it names pods that no longer exist and routers fence them by uid).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import ValidationError
+
+from llamafleet_core import labels as L
+from llamafleet_core import membership, podspec
+from llamafleet_core.crd.models import LlamaFleet
+from llamafleet_operator.reconcile import pods as P
+from llamafleet_operator.reconcile.context import Context, InvalidSpec, Log, describe_validation
+from llamafleet_operator.reconcile.readiness import declare_required, fleet_prefixes
+from llamafleet_operator.render import Target, render_all
+from llamafleet_operator.status import condition, merge
+
+API = L.API_VERSION
+
+
+def parse_fleet(body: Mapping[str, Any]) -> LlamaFleet:
+    """The typed fleet, or `InvalidSpec` naming the offending field."""
+    try:
+        return LlamaFleet.model_validate({
+            "metadata": {k: v for k, v in dict(body.get("metadata") or {}).items()
+                         if k in ("name", "namespace", "uid", "generation", "labels", "annotations")},
+            "spec": dict(body.get("spec") or {}),
+        })
+    except ValidationError as exc:
+        raise InvalidSpec(describe_validation(exc)) from exc
+
+
+def fleet_status(fleet: LlamaFleet, pods: list[P.Pod], previous: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Status from the pods that exist now (pure)."""
+    spec, meta = fleet.spec, fleet.metadata
+    live = [p for p in pods if not P.deleting(p)]
+    n_ready = sum(P.ready(p) for p in live)
+    stuck = [r for r in (P.stuck_reason(p) for p in live) if r]
+    all_ready = n_ready >= spec.replicas and len(live) == spec.replicas
+    if all_ready:
+        ready = condition("Ready", True, "AllReplicasReady", f"{n_ready} of {spec.replicas} pods ready")
+    else:
+        ready = condition("Ready", False, "ReplicasNotReady", f"{n_ready} of {spec.replicas} pods ready")
+    if len(live) < spec.replicas:
+        progressing = condition("Progressing", True, "ScalingUp",
+                                f"{len(live)} of {spec.replicas} pods exist")
+    elif len(live) > spec.replicas:
+        progressing = condition("Progressing", True, "ScalingDown", f"{len(live)} pods for {spec.replicas}")
+    elif not all_ready:
+        progressing = condition("Progressing", True, "PodsStarting", "waiting for pods to turn ready")
+    else:
+        progressing = condition("Progressing", False, "Stable", "")
+    degraded = (condition("Degraded", True, "PodsFailing", "; ".join(stuck)) if stuck
+                else condition("Degraded", False, "AsExpected", ""))
+    phase = "Degraded" if stuck else "Ready" if all_ready else "Pending" if not live else "Progressing"
+    return {
+        "replicas": spec.replicas,
+        "readyReplicas": n_ready,
+        "ready": f"{n_ready}/{spec.replicas}",
+        "slots": n_ready * spec.slots,
+        "selector": ",".join(f"{k}={v}" for k, v in L.fleet_labels(meta.name).items()),
+        "attach": podspec.attach_enabled(spec, supported=False),
+        "phase": phase,
+        "observedGeneration": meta.generation,
+        "conditions": merge((previous or {}).get("conditions"), [ready, progressing, degraded],
+                            generation=meta.generation),
+    }
+
+
+def invalid_status(message: str, generation: int | None,
+                   previous: Mapping[str, Any] | None) -> dict[str, Any]:
+    conds = [condition("Ready", False, "InvalidSpec", message),
+             condition("Degraded", True, "InvalidSpec", message)]
+    return {"phase": "Failed", "observedGeneration": generation,
+            "conditions": merge((previous or {}).get("conditions"), conds, generation=generation)}
+
+
+async def reconcile_fleet(ctx: Context, body: Mapping[str, Any],
+                          logger: Log) -> dict[str, Any]:
+    """Make the children match the spec; write and return the status. `InvalidSpec` on a bad spec."""
+    meta = dict(body.get("metadata") or {})
+    namespace, name = meta["namespace"], meta["name"]
+    previous = dict(body.get("status") or {})
+    try:
+        fleet = parse_fleet(body)
+    except InvalidSpec as exc:
+        await ctx.kube.patch_status(API, "LlamaFleet", namespace, name,
+                                    invalid_status(str(exc), meta.get("generation"), previous))
+        raise
+    target = Target.of(fleet, namespace=namespace, agent_token_secret=ctx.settings.agent_token_secret)
+    for manifest in render_all(fleet, target):
+        await _apply(ctx, manifest, logger)
+
+    pods = await ctx.kube.list("v1", "Pod", namespace, L.fleet_labels(name))
+    status = fleet_status(fleet, pods, previous)
+    if _changed(previous, status):
+        await ctx.kube.patch_status(API, "LlamaFleet", namespace, name, status)
+        logger.info(f"status: {status['ready']} ready, phase {status['phase']}")
+
+    prefixes = await fleet_prefixes(ctx, namespace, name)
+    await declare_required(ctx, [p for p in pods if P.running(p)], prefixes, logger)
+    if ctx.redis is not None:
+        warm = {P.name(p): tuple(sorted(sp.name for sp in prefixes if sp.warm_on(P.name(p)))) for p in pods}
+        members = [P.member(p, model=fleet.spec.model.name, slots=fleet.spec.slots,
+                            attach=bool(status["attach"]), warm=warm[P.name(p)])
+                   for p in pods if P.running(p)]
+        if await membership.write_members(ctx.redis, namespace, name, members,
+                                          prefix=ctx.settings.index_prefix):
+            logger.info(f"membership: {sum(m.ready for m in members)} of {len(members)} pods routable")
+    return status
+
+
+async def forget_fleet(ctx: Context, namespace: str, name: str) -> None:
+    if ctx.redis is not None:
+        await membership.remove_fleet(ctx.redis, namespace, name, prefix=ctx.settings.index_prefix)
+
+
+async def _apply(ctx: Context, manifest: dict[str, Any], logger: Log) -> None:
+    meta = manifest["metadata"]
+    before = await ctx.kube.get(manifest["apiVersion"], manifest["kind"], meta["namespace"], meta["name"])
+    after = await ctx.kube.apply(manifest)
+    what = f"{manifest['kind']} {meta['name']}"
+    if before is None:
+        logger.info(f"created {what}")
+    elif before["metadata"].get("resourceVersion") != after["metadata"].get("resourceVersion"):
+        logger.info(f"updated {what}")
+
+
+def _changed(previous: Mapping[str, Any], status: Mapping[str, Any]) -> bool:
+    return any(previous.get(k) != v for k, v in status.items())

@@ -1,0 +1,84 @@
+"""Pure reads of pod objects: readiness, endpoints, start epoch, and why a pod is failing."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from llamafleet_core import labels as L
+from llamafleet_core import podspec
+from llamafleet_core.membership import Member
+from llamafleet_core.warming import WarmPod
+
+Pod = dict[str, Any]
+# Container waiting reasons that will not resolve by waiting.
+STUCK = frozenset({"CrashLoopBackOff", "ImagePullBackOff", "ErrImagePull", "CreateContainerConfigError",
+                   "InvalidImageName", "CreateContainerError"})
+
+
+def name(pod: Pod) -> str:
+    return str(pod["metadata"]["name"])
+
+
+def deleting(pod: Pod) -> bool:
+    return bool(pod["metadata"].get("deletionTimestamp"))
+
+
+def ready(pod: Pod) -> bool:
+    conds = (pod.get("status") or {}).get("conditions") or []
+    return not deleting(pod) and any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
+
+
+def running(pod: Pod) -> bool:
+    """Started and reachable: what the warmer needs (a pod turns Ready only after it is warm)."""
+    status = pod.get("status") or {}
+    return not deleting(pod) and status.get("phase") == "Running" and bool(status.get("podIP"))
+
+
+def ports(pod: Pod) -> tuple[int, int]:
+    """(llama-server, agent) ports from the containers' named ports, defaulting to the rendered ones."""
+    server, agent = podspec.SERVER_PORT, podspec.AGENT_PORT
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        for port in container.get("ports") or []:
+            if port.get("name") == "http":
+                server = int(port["containerPort"])
+            elif port.get("name") == "agent":
+                agent = int(port["containerPort"])
+    return server, agent
+
+
+def epoch_ms(pod: Pod) -> int:
+    """Start time in ms since 1970 (status.startTime, else creation): fences a replaced pod's entries."""
+    stamp = (pod.get("status") or {}).get("startTime") or pod["metadata"].get("creationTimestamp")
+    if not stamp:
+        return 0
+    return int(datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp() * 1000)
+
+
+def warm_pod(pod: Pod) -> WarmPod:
+    server, agent = ports(pod)
+    ip = pod["status"]["podIP"]
+    return WarmPod(name=name(pod), uid=str(pod["metadata"]["uid"]), llama_url=f"http://{ip}:{server}",
+                   agent_url=f"http://{ip}:{agent}")
+
+
+def member(pod: Pod, *, model: str, slots: int, attach: bool, warm: tuple[str, ...]) -> Member:
+    server, agent = ports(pod)
+    annotations = (pod["metadata"].get("annotations") or {})
+    return Member(
+        name=name(pod), uid=str(pod["metadata"]["uid"]), ip=str(pod["status"]["podIP"]),
+        port=server, agent_port=agent, slots=int(annotations.get(L.SLOTS, slots)), model=model,
+        ready=ready(pod), epoch=epoch_ms(pod), attach=attach, warm=warm,
+    )
+
+
+def stuck_reason(pod: Pod) -> str | None:
+    """`<pod>: <container> <reason>` when the pod cannot become ready by waiting, else None."""
+    status = pod.get("status") or {}
+    if status.get("phase") == "Failed":
+        return f"{name(pod)}: {status.get('reason') or 'Failed'}"
+    for cs in status.get("containerStatuses") or []:
+        waiting = (cs.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") in STUCK:
+            return f"{name(pod)}: {cs.get('name')} {waiting['reason']}"
+    return None

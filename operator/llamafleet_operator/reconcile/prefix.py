@@ -1,0 +1,154 @@
+"""SharedPrefix: warm it on every running pod of its fleet, keep it warm, re-warm on change, remove it.
+
+Level-based like the fleet: every call looks at the pods that run now. The first call (and the first after
+a spec change or an operator restart) runs the whole `warm_shared_prefix`, which computes nothing for pods
+that already hold the snapshot; later timer ticks only `warm_pod` the pods that do not hold it yet (new or
+restarted ones). A changed prefix is a new snapshot (its name carries the text hash): the new one is
+shipped first and declared required, and only then is the old one removed, so no pod is ever without a
+warm prefix. Deletion goes through a finalizer, because snapshots on pods and index entries in Redis are
+state the garbage collector cannot see.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import ValidationError
+
+from llamafleet_core import labels as L
+from llamafleet_core.crd.models import SharedPrefix
+from llamafleet_core.warming import (
+    PodWarmState,
+    PrefixSource,
+    WarmError,
+    WarmPod,
+    WarmResult,
+    remove_shared_prefix,
+    warm_pod,
+    warm_shared_prefix,
+)
+from llamafleet_operator.reconcile import pods as P
+from llamafleet_operator.reconcile.context import Context, InvalidSpec, Log, describe_validation
+from llamafleet_operator.reconcile.prefix_status import error_status, prefix_status
+from llamafleet_operator.reconcile.readiness import declare_required, fleet_prefixes, snapshot_of
+
+API = L.API_VERSION
+
+
+def parse_prefix(body: Mapping[str, Any]) -> SharedPrefix:
+    try:
+        return SharedPrefix.model_validate({"spec": dict(body.get("spec") or {})})
+    except ValidationError as exc:
+        raise InvalidSpec(describe_validation(exc)) from exc
+
+
+async def _write(ctx: Context, body: Mapping[str, Any], status: dict[str, Any]) -> None:
+    previous = dict(body.get("status") or {})
+    if any(previous.get(k) != v for k, v in status.items()):
+        meta = body["metadata"]
+        await ctx.kube.patch_status(API, "SharedPrefix", meta["namespace"], meta["name"], status)
+
+
+async def _fleet_pods(ctx: Context, namespace: str, fleet: str) -> list[P.Pod]:
+    pods = await ctx.kube.list("v1", "Pod", namespace, L.fleet_labels(fleet))
+    return sorted((p for p in pods if P.running(p)), key=P.name)
+
+
+async def reconcile_prefix(ctx: Context, body: Mapping[str, Any], logger: Log) -> None:
+    """Warm where missing, write status, declare readiness. `InvalidSpec` on a bad spec."""
+    meta = dict(body["metadata"])
+    namespace, name, uid, generation = meta["namespace"], meta["name"], meta["uid"], meta.get("generation")
+    previous = dict(body.get("status") or {})
+    try:
+        sp = parse_prefix(body)
+    except InvalidSpec as exc:
+        await _write(ctx, body, error_status("InvalidSpec", str(exc), generation, previous, phase="Failed"))
+        raise
+    fleet_name = sp.spec.fleet_ref.name
+    fleet = await ctx.kube.get(API, "LlamaFleet", namespace, fleet_name)
+    if fleet is None:
+        await _write(ctx, body, error_status(
+            "FleetNotFound", f"spec.fleetRef.name: no LlamaFleet {fleet_name!r} in {namespace}", generation,
+            previous, phase="Pending"))
+        return
+    model = str(((fleet.get("spec") or {}).get("model") or {}).get("name") or "")
+    pods = await _fleet_pods(ctx, namespace, fleet_name)
+    if not pods:
+        await _write(ctx, body, error_status("NoRunningPods", f"fleet {fleet_name} has no running pods",
+                                             generation, previous, phase="Pending", degraded=False))
+        return
+    source = PrefixSource.from_spec(name, sp.spec, model)
+    targets = [P.warm_pod(p) for p in pods]
+    try:
+        result = await _warm(ctx, uid, generation, source, targets, sp.spec.pin, logger)
+    except WarmError as exc:
+        reason = "TemplateRenderFailed" if "template render failed" in str(exc) else "WarmFailed"
+        logger.error(f"cannot warm: {exc}")
+        await _write(ctx, body, error_status(reason, str(exc), generation, previous, phase="Degraded"))
+        return
+    status = prefix_status(result, generation, previous)
+    await _write(ctx, body, status)
+
+    old = snapshot_of(name, previous.get("hash"))
+    prefixes = await fleet_prefixes(ctx, namespace, fleet_name)
+    await declare_required(ctx, pods, prefixes, logger)
+    if old and result.snapshot and old != result.snapshot:
+        # The new snapshot is shipped and required; the old one can go.
+        await remove_shared_prefix(old, targets, http=ctx.http, agent_token=ctx.agent_token,
+                                   index=ctx.index, model=model)
+        logger.info(f"removed the previous snapshot {old}")
+
+
+async def _warm(ctx: Context, uid: str, generation: int | None, source: PrefixSource,
+                targets: list[WarmPod], pin: bool, logger: Log) -> WarmResult:
+    names = {t.name for t in targets}
+    cached = ctx.warm_results.get(uid)
+    if cached is None or cached[0] != generation or not cached[1].snapshot:
+        def progress(state: PodWarmState) -> None:
+            if state.state != "pending" or state.message != "waiting":
+                logger.info(f"{state.pod}: {state.state}: {state.message}")
+
+        result = await warm_shared_prefix(source, targets, http=ctx.http, agent_token=ctx.agent_token,
+                                          index=ctx.index, pin=pin, progress=progress)
+    else:
+        result = cached[1]
+        warm = {s.pod for s in result.pods if s.state == "warm"}
+        states = {s.pod: s for s in result.pods if s.pod in names}
+        peers = [t for t in targets if t.name in warm]
+        for target in targets:
+            if target.name in warm:
+                continue
+            state = await warm_pod(result, source, target, peers=peers, http=ctx.http,
+                                   agent_token=ctx.agent_token, index=ctx.index)
+            if states.get(target.name) is None or states[target.name].state != state.state:
+                logger.info(f"{target.name}: {state.state}: {state.message}")
+            states[target.name] = state
+            if state.state == "warm":
+                peers.append(target)
+        result.pods = [states[t.name] for t in targets if t.name in states]
+    result.pods = [s for s in result.pods if s.pod in names]
+    ctx.warm_results[uid] = (generation, result)
+    return result
+
+
+async def remove_prefix(ctx: Context, body: Mapping[str, Any], logger: Log) -> None:
+    """On delete: stop requiring the snapshot, then delete it on every pod and forget it in the index.
+
+    Raises `WarmError` when a pod could not be cleaned, so the finalizer stays and kopf retries.
+    """
+    meta = dict(body["metadata"])
+    namespace, name = meta["namespace"], meta["name"]
+    ctx.warm_results.pop(str(meta.get("uid")), None)
+    snapshot = snapshot_of(name, (body.get("status") or {}).get("hash"))
+    fleet_name = ((body.get("spec") or {}).get("fleetRef") or {}).get("name")
+    if not snapshot or not fleet_name:
+        return
+    pods = await _fleet_pods(ctx, namespace, fleet_name)
+    fleet = await ctx.kube.get(API, "LlamaFleet", namespace, fleet_name)
+    model = str((((fleet or {}).get("spec") or {}).get("model") or {}).get("name") or "") or None
+    # This prefix is being deleted, so the required set computed now leaves it out.
+    await declare_required(ctx, pods, await fleet_prefixes(ctx, namespace, fleet_name), logger)
+    await remove_shared_prefix(snapshot, [P.warm_pod(p) for p in pods], http=ctx.http,
+                               agent_token=ctx.agent_token, index=ctx.index, model=model)
+    logger.info(f"removed snapshot {snapshot} from {len(pods)} pods")
