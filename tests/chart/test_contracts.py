@@ -1,0 +1,159 @@
+"""What the chart promises the rest of the system: least-privilege RBAC, the labels the operator's
+NetworkPolicy admits, probes, non-root pods, one agent-token Secret name everywhere.
+
+Golden snippets pin the parts that matter; regenerate after an intended change with
+`UPDATE_GOLDEN=1 pytest tests/chart`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from llamafleet_core import labels as L
+from llamafleet_core.crd.models import LlamaFleet
+from llamafleet_operator.render import Target, render_network_policy
+from tests.chart.conftest import NAMESPACE, Helm, Manifest, by_kind, dump, one, pod_spec
+
+GOLDEN = Path(__file__).parent / "golden"
+
+
+def check_golden(name: str, obj: Any) -> None:
+    path = GOLDEN / f"{name}.yaml"
+    text = dump(obj)
+    if os.environ.get("UPDATE_GOLDEN"):
+        path.write_text(text)
+    assert path.is_file(), f"missing {path}: run with UPDATE_GOLDEN=1"
+    assert text == path.read_text(), f"{path} differs: run with UPDATE_GOLDEN=1 if the change is intended"
+
+
+@pytest.fixture(scope="module")
+def default(helm: Helm) -> list[Manifest]:
+    return helm.template()
+
+
+def workloads(objs: list[Manifest]) -> list[Manifest]:
+    return [o for o in objs if o["kind"] in ("Deployment", "StatefulSet")]
+
+
+def test_rbac_matches_golden(default: list[Manifest]) -> None:
+    """The operator's rules, verb by verb."""
+    rbac = {f"{o['kind']}/{o['metadata']['name']}": o["rules"]
+            for o in default if o["kind"] in ("Role", "ClusterRole")}
+    check_golden("rbac", rbac)
+
+
+def test_rbac_is_least_privilege_in_namespace_scope(default: list[Manifest]) -> None:
+    """No wildcards, no Secrets, nothing cluster-wide but reading CRDs; pods are read-only."""
+    rules = [r for o in default if o["kind"] in ("Role", "ClusterRole") for r in o["rules"]]
+    for rule in rules:
+        assert "*" not in rule["verbs"] and "*" not in rule["resources"] and "*" not in rule["apiGroups"]
+        assert "secrets" not in rule["resources"]
+    (cluster,) = by_kind(default, "ClusterRole")
+    read_crds = {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
+                 "verbs": ["get", "list", "watch"]}
+    assert cluster["rules"] == [read_crds]
+    pods = next(r for r in rules if r["resources"] == ["pods"])
+    assert pods["verbs"] == ["get", "list", "watch"]
+    (role,) = by_kind(default, "Role")
+    assert role["metadata"]["namespace"] == NAMESPACE
+
+
+def test_rbac_follows_the_watched_namespaces(helm: Helm) -> None:
+    """One Role (and agent-token Secret) per watched namespace; clusterWide switches to a ClusterRole."""
+    objs = helm.template(sets=("operator.watchNamespaces={team-a,team-b}",))
+    assert sorted(r["metadata"]["namespace"] for r in by_kind(objs, "Role")) == ["team-a", "team-b"]
+    tokens = [s for s in by_kind(objs, "Secret") if s["metadata"]["name"].endswith("agent-token")]
+    assert sorted(s["metadata"]["namespace"] for s in tokens) == ["team-a", "team-b"]
+    assert len({s["data"]["token"] for s in tokens}) == 1, "every namespace must get the same token"
+    wide = helm.template(sets=("operator.clusterWide=true",))
+    assert not by_kind(wide, "Role")
+    rules = [r for o in by_kind(wide, "ClusterRole") for r in o["rules"]]
+    assert any("secrets" in r["resources"] for r in rules)
+    assert any("namespaces" in r["resources"] for r in rules)
+
+
+def test_network_policies_match_golden(default: list[Manifest]) -> None:
+    policies = {o["metadata"]["name"]: o["spec"] for o in by_kind(default, "NetworkPolicy")}
+    check_golden("networkpolicies", policies)
+
+
+def test_probes_match_golden(default: list[Manifest]) -> None:
+    probes = {
+        f"{w['metadata']['name']}/{c['name']}": {k: c[k] for k in ("startupProbe", "readinessProbe",
+                                                                    "livenessProbe") if k in c}
+        for w in workloads(default) for c in pod_spec(w)["containers"]
+    }
+    check_golden("probes", probes)
+    assert all(p for p in probes.values()), "every container needs a probe"
+
+
+def test_gateway_and_operator_pods_pass_the_fleet_network_policy(default: list[Manifest]) -> None:
+    """The operator's per-fleet NetworkPolicy selects peers by labels; the chart's pods must match them,
+    or the gateway cannot reach llama-server and the operator cannot reach the agents."""
+    fleet = LlamaFleet.model_validate({
+        "metadata": {"name": "f", "namespace": NAMESPACE},
+        "spec": {"image": "x", "model": {"name": "m", "file": "m.gguf", "source": {"pvc": "models"}}}})
+    policy = render_network_policy(fleet, Target.of(fleet, operator_namespace=NAMESPACE,
+                                                    gateway_namespace=NAMESPACE))
+    peers = [p["podSelector"]["matchLabels"] for p in policy["spec"]["ingress"][0]["from"]]
+    for component in ("gateway", "operator"):
+        labels = one(default, "Deployment", component)["spec"]["template"]["metadata"]["labels"]
+        assert labels[L.COMPONENT] == component and labels[L.APP_PART_OF] == L.PART_OF
+        assert any(all(labels.get(k) == v for k, v in peer.items()) for peer in peers), component
+
+
+def test_every_pod_runs_non_root_read_only_with_requests(helm: Helm) -> None:
+    objs = helm.template(sets=("gateway.pipeline.scorers[0].type=prefix",))
+    for w in workloads(objs):
+        spec = pod_spec(w)
+        assert spec["securityContext"]["runAsNonRoot"] is True and spec["securityContext"]["runAsUser"] != 0
+        for c in spec["containers"]:
+            sc = c["securityContext"]
+            assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
+            assert sc["capabilities"] == {"drop": ["ALL"]}
+            assert c["resources"]["requests"]["cpu"] and c["resources"]["requests"]["memory"]
+            assert any(m["mountPath"] == "/tmp" for m in c["volumeMounts"]), "writable /tmp"
+
+
+def test_only_the_operator_gets_an_api_token(default: list[Manifest]) -> None:
+    tokens = {w["metadata"]["name"]: pod_spec(w)["automountServiceAccountToken"] for w in workloads(default)}
+    assert tokens == {"lf-llamafleet-gateway": False, "lf-llamafleet-operator": True,
+                      "lf-llamafleet-redis": False}
+
+
+def env(container: Manifest) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+
+
+def test_one_agent_token_secret_for_operator_gateway_and_pods(default: list[Manifest]) -> None:
+    """The operator tells rendered pods which Secret to mount; gateway and operator mount the same one."""
+    (secret,) = [s for s in by_kind(default, "Secret") if "token" in s["data"]]
+    name = secret["metadata"]["name"]
+    operator = one(default, "Deployment", "operator")
+    assert env(pod_spec(operator)["containers"][0])["LLAMAFLEET_OPERATOR_AGENT_TOKEN_SECRET"] == name
+    for w in (operator, one(default, "Deployment", "gateway")):
+        vol = next(v for v in pod_spec(w)["volumes"] if v["name"] == "agent-token")
+        assert vol["secret"]["secretName"] == name
+
+
+def test_gateway_listens_on_all_addresses_with_keys_and_redis(default: list[Manifest]) -> None:
+    gateway = pod_spec(one(default, "Deployment", "gateway"))["containers"][0]
+    assert gateway["args"][:3] == ["router", "--host=0.0.0.0", "--port=8000"]
+    keys = next(a for a in gateway["args"] if a.startswith("--api-keys-file="))
+    assert keys.endswith("/api-keys")
+    assert env(gateway)["LLAMAFLEET_ROUTER_REDIS_URL"] == "redis://lf-llamafleet-redis.llamafleet.svc:6379/0"
+    assert one(default, "Deployment", "gateway")["spec"]["replicas"] == 2
+    (keys_secret,) = [s for s in by_kind(default, "Secret") if "api-keys" in s["data"]]
+    assert keys_secret["metadata"]["name"] == "lf-llamafleet-api-keys"
+
+
+def test_external_redis_from_a_secret_replaces_the_bundled_one(helm: Helm) -> None:
+    objs = helm.template(sets=("redis.enabled=false", "redis.external.existingSecret=my-redis"))
+    assert not by_kind(objs, "StatefulSet")
+    gateway = pod_spec(one(objs, "Deployment", "gateway"))["containers"][0]
+    assert env(gateway)["LLAMAFLEET_ROUTER_REDIS_URL"] == {"secretKeyRef": {"name": "my-redis", "key": "url"}}
+    assert all("redis" not in p["metadata"]["name"] for p in by_kind(objs, "NetworkPolicy"))
