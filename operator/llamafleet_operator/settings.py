@@ -29,6 +29,11 @@ class OperatorSettings(BaseSettings):
     """The shared token of the snapshot agents (a mounted Secret); `agent_token` wins when both are set."""
     agent_token_secret: str | None = None
     """Name of the Secret (key `token`) that rendered pods mount for their agents."""
+    gateway_namespace: str | None = None
+    """Where the gateway pods run; each fleet's NetworkPolicy admits them from there. Unset: the fleet's
+    own namespace (a policy without a namespace selector matches only pods of its own namespace)."""
+    operator_namespace: str | None = Field(default=None, validation_alias="POD_NAMESPACE")
+    """Where this operator runs (the downward API's POD_NAMESPACE); admitted like the gateway."""
 
     reconcile_interval_s: float = Field(default=30.0, gt=0)
     """Level-based re-check of every fleet (status, membership, drift of children)."""

@@ -78,6 +78,27 @@ async def test_fleet_children_created_with_right_arguments_when_applied(
             status = await eventually(
                 lambda: (obj(api, FLEETS, "tiny") or {}).get("status", {}).get("ready"), what="status")
             assert status == "0/2"
+
+
+async def test_network_policy_admits_gateway_and_operator_from_their_namespaces_when_set(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The chart runs the gateway and the operator in the release namespace, not the fleet's: the policy
+    must select them there, or every request from the gateway is dropped."""
+    async with emulated_api(tmp_path) as (api, kubeconfig):
+        monkeypatch.setenv("KUBECONFIG", kubeconfig)
+        monkeypatch.setenv("POD_NAMESPACE", "llamafleet-system")
+        async with running_operator(settings(kubeconfig, gateway_namespace="gateways")):
+            await create(api, fleet_manifest())
+            policy = await eventually(
+                lambda: obj(api, kmock.resource("networking.k8s.io/v1/networkpolicies"), "tiny"),
+                what="network policy")
+            sources = policy["spec"]["ingress"][0]["from"]
+            namespaces = {
+                peer["podSelector"]["matchLabels"][L.COMPONENT]:
+                    peer["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"]
+                for peer in sources
+            }
+            assert namespaces == {"gateway": "gateways", "operator": "llamafleet-system"}
             full = obj(api, FLEETS, "tiny")
             assert full is not None
             conds = {c["type"]: c for c in full["status"]["conditions"]}

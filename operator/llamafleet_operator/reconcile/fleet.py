@@ -95,7 +95,10 @@ async def reconcile_fleet(ctx: Context, body: Mapping[str, Any],
         await ctx.kube.patch_status(API, "LlamaFleet", namespace, name,
                                     invalid_status(str(exc), meta.get("generation"), previous))
         raise
-    target = Target.of(fleet, namespace=namespace, agent_token_secret=ctx.settings.agent_token_secret)
+    target = Target.of(
+        fleet, namespace=namespace, agent_token_secret=ctx.settings.agent_token_secret,
+        gateway_namespace=ctx.settings.gateway_namespace, operator_namespace=ctx.settings.operator_namespace,
+    )
     for manifest in render_all(fleet, target):
         await _apply(ctx, manifest, logger)
 
