@@ -44,6 +44,8 @@ class SaveBody(BaseModel):
     blocks: list[str] | None = None
     block_chars: int = Field(default=0, ge=0)
     tokens: list[int] | None = None
+    n_chars: int = Field(default=0, ge=0)
+    text_hash: str = Field(default="", max_length=64, pattern=r"^[0-9a-f]*$")
 
 
 class PullBody(BaseModel):
@@ -220,7 +222,8 @@ def create_app(
     async def save(request: Request) -> Any:
         b = await _body(request, SaveBody, limit)
         return await service.save(
-            b.slot, b.name, pinned=b.pinned, blocks=b.blocks, block_chars=b.block_chars, tokens=b.tokens
+            b.slot, b.name, pinned=b.pinned, blocks=b.blocks, block_chars=b.block_chars, tokens=b.tokens,
+            n_chars=b.n_chars, text_hash=b.text_hash,
         )
 
     @operation("pull")

@@ -110,7 +110,7 @@ class SnapshotService:
     # ---- save -----------------------------------------------------------------------------------
     async def save(
         self, slot: int, name: str, *, pinned: bool = False, blocks: list[str] | None = None,
-        block_chars: int = 0, tokens: list[int] | None = None,
+        block_chars: int = 0, tokens: list[int] | None = None, n_chars: int = 0, text_hash: str = "",
     ) -> SnapshotManifest:
         final = self.store.bin_path(name)
         fingerprint = await self.fingerprint()
@@ -136,9 +136,11 @@ class SnapshotService:
         finally:
             tmp.unlink(missing_ok=True)
         manifest = SnapshotManifest(
-            name=name, fingerprint=fingerprint, n_tokens=len(saved), tokens_sha256=tokens_sha256(saved),
+            name=name, fingerprint=fingerprint, n_tokens=len(saved),
+            tokens_sha256=tokens_sha256(saved),
             blocks=list(blocks or []), block_chars=block_chars if blocks else 0,
-            model=self.settings.model_name, size=size, sha256=sha, pinned=pinned,
+            n_chars=n_chars, text_hash=text_hash, model=self.settings.model_name, size=size, sha256=sha,
+            pinned=pinned,
             source_pod=self.settings.pod_name,
         )
         self.store.write_manifest(manifest)

@@ -76,9 +76,13 @@ class AgentClient:
         blocks: list[str] | None = None,
         block_chars: int = 0,
         tokens: list[int] | None = None,
+        n_chars: int = 0,
+        text_hash: str = "",
     ) -> SnapshotManifest:
-        """Save `slot` as snapshot `name`; with `tokens`, the agent refuses if the slot holds others."""
-        body: dict[str, Any] = {"slot": slot, "name": name, "pinned": pinned, "block_chars": block_chars}
+        """Save `slot` as snapshot `name`; with `tokens`, the agent refuses if the slot holds others.
+        `n_chars`/`text_hash` record the exact prefix text it holds, for whoever rebuilds the index."""
+        body: dict[str, Any] = {"slot": slot, "name": name, "pinned": pinned, "block_chars": block_chars,
+                                "n_chars": n_chars, "text_hash": text_hash}
         if blocks is not None:
             body["blocks"] = blocks
         if tokens is not None:

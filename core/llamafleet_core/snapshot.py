@@ -100,6 +100,11 @@ class SnapshotManifest(BaseModel):
     tokens_sha256: str
     blocks: list[str] = Field(default_factory=list)  # block-chain hashes of the rendered prefix, if known
     block_chars: int = 0  # block size those hashes were cut with (0 when `blocks` is empty)
+    # The exact text the snapshot holds: the first `n_chars` characters of the rendered prompt, with
+    # `text_hash` = `types.exact_text_hash` of them (0 and "" when unknown). With them the index entry
+    # can be rebuilt from the manifest alone, e.g. after Redis restarted empty.
+    n_chars: int = 0
+    text_hash: str = ""
     model: str = ""  # the fleet's model name, for people reading the manifest
     size: int  # bytes of the .bin file
     sha256: str  # of the .bin file

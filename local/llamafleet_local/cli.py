@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "build-server": ("llamafleet_local.llama_build", "build (or find) the llama-server binary"),
     "models": ("llamafleet_local.tinymodels", "write (or find) the tiny test models"),
     "helm": ("llamafleet_local.helm", "fetch (or find) the helm, kubectl and hadolint binaries"),
+    "reliability": ("llamafleet_local.reliability", "run the fault scenarios and print their figures"),
 }
 
 

@@ -13,9 +13,11 @@ Sizes: with Qwen tokenizers the JSON of tool schemas runs at about 4.5 character
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -140,3 +142,78 @@ def history_turns(rng: random.Random, turns: int) -> tuple[dict[str, Any], ...]:
         out.append({"role": "user", "content": user_question(rng)})
         out.append({"role": "assistant", "content": _sentence(rng, rng.randint(10, 30))})
     return tuple(out)
+
+
+# --- sizes, days and mixed workloads (benchmarks and the demo) -----------------------------------------
+
+#: Tokens before the first user message that the benchmarks compare: a real client's 14K, and longer ones.
+PREFIX_TOKENS = (14_000, 24_000, 32_000)
+
+
+def chars_for_tokens(target_tokens: int, measure: Callable[[int], int], *, start_chars: int = 62_000,
+                     rounds: int = 3, tolerance: float = 0.01) -> int:
+    """The `prefix_chars` whose prefix measures `target_tokens` (within `tolerance`).
+
+    `measure(prefix_chars)` returns the tokens a model's tokenizer and template give the prefix of
+    `make_profile(WorkloadSpec(prefix_chars=...))`; characters per token depend on both, so sizes are
+    calibrated against the server rather than assumed. The ratio is nearly constant, so a few secant
+    steps suffice."""
+    chars = start_chars
+    for _ in range(max(1, rounds)):
+        tokens = measure(chars)
+        if tokens <= 0:
+            raise ValueError(f"measure({chars}) returned {tokens} tokens")
+        if abs(tokens - target_tokens) <= tolerance * target_tokens:
+            break
+        chars = max(1_000, round(chars * target_tokens / tokens))
+    return chars
+
+
+def next_day(spec: WorkloadSpec, days: int = 1) -> WorkloadSpec:
+    """The same workspace `days` later: the prefix differs only at the `Conversation started:` line."""
+    return dataclasses.replace(spec, day=spec.day + dt.timedelta(days=days))
+
+
+@dataclass(frozen=True)
+class SessionPlan:
+    """One agent session of a mixed workload: its prefix (spec) and the turns it sends, in order.
+
+    Turn k resends the history of turns 0..k-1 (question and a canned answer) plus a new question, as
+    agent clients do; `requests()` yields the bodies in that order."""
+
+    spec: WorkloadSpec
+    questions: tuple[str, ...]
+    answers: tuple[str, ...]
+
+    def requests(self, model: str, *, max_tokens: int = 8) -> list[dict[str, Any]]:
+        profile = make_profile(self.spec)
+        out: list[dict[str, Any]] = []
+        history: list[dict[str, Any]] = []
+        for question, answer in zip(self.questions, self.answers, strict=True):
+            out.append(profile.request(model, question, history=tuple(history), max_tokens=max_tokens))
+            history += [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
+        return out
+
+
+def mixed_workload(n_sessions: int = 50, *, prefix_chars: int = 12_000, workspaces: int = 3, days: int = 2,
+                   max_turns: int = 2, seed: int = 11,
+                   base: WorkloadSpec | None = None) -> list[SessionPlan]:
+    """Sessions over several workspaces and days with 1..`max_turns` turns each, in a seeded shuffled
+    order: what a fleet serving a team's agents sees. `workspaces * days` distinct prefixes."""
+    rng = random.Random(seed)
+    base = base or WorkloadSpec()
+    specs = [
+        dataclasses.replace(base, prefix_chars=prefix_chars, workspace=f"{base.workspace}-{w}",
+                            day=base.day + dt.timedelta(days=d))
+        for w in range(workspaces) for d in range(days)
+    ]
+    plans = []
+    for i in range(n_sessions):
+        turns = rng.randint(1, max_turns)
+        plans.append(SessionPlan(
+            spec=specs[i % len(specs)],
+            questions=tuple(user_question(rng) for _ in range(turns)),
+            answers=tuple(_sentence(rng, rng.randint(10, 30)) for _ in range(turns)),
+        ))
+    rng.shuffle(plans)
+    return plans

@@ -29,6 +29,7 @@ from llamafleet_core.index.base import PrefixIndex, SlotLeases
 from llamafleet_core.types import PodRef
 from llamafleet_router.api.gateway import Gateway
 from llamafleet_router.api.info import InfoRoutes, Readiness, http_error, server_error
+from llamafleet_router.api.openapi import openapi_endpoint
 from llamafleet_router.auth import ApiKeys
 from llamafleet_router.background import IndexHealth
 from llamafleet_router.discovery.base import Discovery, FenceHook
@@ -38,6 +39,8 @@ from llamafleet_router.logs import request_id_var
 from llamafleet_router.metrics import RouterMetrics
 from llamafleet_router.prompts import PromptRenderer
 from llamafleet_router.settings import RouterSettings
+from llamafleet_router.snapshots import SnapshotConfig
+from llamafleet_router.upstream import GatewayClient
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +76,11 @@ class RequestIdMiddleware:
 
 
 def make_http_client(settings: RouterSettings) -> httpx.AsyncClient:
-    """The app's one upstream client. `read=None`: generations may stream for many minutes."""
-    return httpx.AsyncClient(
+    """The app's one HTTP client (with the proxy's aiohttp session, see upstream.py). `read=None`:
+    generations may stream for many minutes."""
+    return GatewayClient(
+        connect_timeout=settings.connect_timeout,
+        max_connections=settings.max_connections,
         timeout=httpx.Timeout(connect=settings.connect_timeout, read=None, write=settings.write_timeout,
                               pool=settings.pool_timeout),
         limits=httpx.Limits(max_connections=settings.max_connections,
@@ -137,6 +143,8 @@ def create_app(
         keys=keys, metrics=metrics, prompts=PromptRenderer(settings.block_chars), health=health,
         max_body_bytes=settings.max_body_bytes, retries=settings.retries,
     )
+    # Restore-on-miss and first-sight snapshots need the pods' agents: on when an agent token is set.
+    gateway.enable_snapshots(SnapshotConfig.from_settings(settings))
     info = InfoRoutes(gateway, readiness)
 
     @contextlib.asynccontextmanager
@@ -178,6 +186,7 @@ def create_app(
             Route("/v1/models", info.models, methods=["GET"]),
             Route("/health", info.health, methods=["GET"]),
             Route("/metrics", info.metrics, methods=["GET"]),
+            Route("/openapi.json", openapi_endpoint, methods=["GET"]),
         ],
         middleware=[Middleware(RequestIdMiddleware)],
         exception_handlers={HTTPException: http_error, Exception: server_error},

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from llamafleet_core.index.base import PrefixIndex
@@ -64,6 +64,9 @@ class IndexHealth:
         self._metrics = metrics
         self._interval = interval
         self.degraded = False
+        # Called when the index answers again after an outage: a Redis that restarted empty has lost
+        # every entry, and whoever can rebuild some (the snapshot resync) registers here.
+        self.on_recovered: list[Callable[[], None]] = []
 
     def mark_degraded(self, reason: str = "") -> None:
         if not self.degraded:
@@ -74,6 +77,8 @@ class IndexHealth:
     def mark_ok(self) -> None:
         if self.degraded:
             log.info("prefix index back: prefix-aware routing resumed")
+            for hook in self.on_recovered:
+                hook()
         self.degraded = False
         self._metrics.index_degraded.set(0)
 

@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--host")
     p.add_argument("--port", type=int)
     p.add_argument("--api-keys-file", type=Path, help="file of `name:key` lines")
+    p.add_argument("--agent-token-file", type=Path,
+                   help="the pods' snapshot agents' shared token (turns snapshot restore and first sight on)")
     p.add_argument("--model-name", help="model name clients use (default: from each pod's /props)")
     p.add_argument("--log-level")
     return p
@@ -74,8 +77,9 @@ async def run(settings: RouterSettings) -> None:
                                model_name=settings.model_name, fence=fence)
 
     app = create_app(settings, index=index, leases=leases, discovery=discovery)
+    # access_log off: the gateway logs its own line per request, with the routing decision in it.
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_config=None, lifespan="on",
-                            proxy_headers=False, timeout_graceful_shutdown=30)
+                            proxy_headers=False, timeout_graceful_shutdown=30, access_log=False)
     try:
         await uvicorn.Server(config).serve()
     finally:
@@ -93,6 +97,16 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(settings.log_level)
     if not settings.pods:
         log.warning("no pods configured (--pods or LLAMAFLEET_ROUTER_PODS): every request will get 503")
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(run(settings))
+    with contextlib.suppress(KeyboardInterrupt), asyncio.Runner(loop_factory=loop_factory()) as runner:
+        runner.run(run(settings))
     return 0
+
+
+def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop's event loop when it is installed (`uvicorn[standard]`): it cut the gateway's CPU per
+    request noticeably (bench/README.md); the standard loop otherwise."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop

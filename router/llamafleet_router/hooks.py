@@ -75,6 +75,11 @@ class AfterResponse:
         self._block_chars = block_chars
         self._chars_per_token = chars_per_token
 
+    @property
+    def index(self) -> PrefixIndex:
+        """The prefix index this hook writes to (the snapshot flow records snapshots in the same one)."""
+        return self._index
+
     async def release(self, decision: Decision) -> None:
         try:
             await self._scheduler.release(decision)

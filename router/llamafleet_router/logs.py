@@ -13,6 +13,8 @@ import time
 from contextvars import ContextVar
 from typing import Any
 
+import orjson
+
 request_id_var: ContextVar[str | None] = ContextVar("llamafleet_request_id", default=None)
 
 # Attributes every LogRecord has; anything else on a record came from `extra=` and is logged as a field.
@@ -38,7 +40,10 @@ class JsonFormatter(logging.Formatter):
                 entry[key] = value
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)
-        return json.dumps(entry, default=str)
+        try:
+            return orjson.dumps(entry, default=str).decode()  # ~5x cheaper than json on every request
+        except (TypeError, orjson.JSONEncodeError):  # e.g. a non-str key in a field: the slow, lenient way
+            return json.dumps(entry, default=str)
 
 
 def configure_logging(level: str = "INFO") -> None:

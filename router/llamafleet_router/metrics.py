@@ -88,10 +88,16 @@ class RouterMetrics:
             registry=registry,
         )
 
+        self._plugin_children: dict[tuple[str, str, str], Histogram] = {}
+
     def scheduler_hook(self, point: str, plugin_type: str, name: str, seconds: float) -> None:
         """The scheduler's `metrics_hook`: every plugin's latency, plus the index lookup (the
         `prefix-lookup` producer) and the slot lease wait on their own histograms."""
-        self.plugin_seconds.labels(point, plugin_type, name).observe(seconds)
+        key = (point, plugin_type, name)
+        child = self._plugin_children.get(key)
+        if child is None:  # `labels()` resolves and locks on every call: look each child up once
+            child = self._plugin_children[key] = self.plugin_seconds.labels(point, plugin_type, name)
+        child.observe(seconds)
         if point == "producer" and plugin_type == "prefix-lookup":
             self.index_lookup_seconds.observe(seconds)
         elif point == "lease":

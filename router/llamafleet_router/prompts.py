@@ -31,10 +31,23 @@ class PromptRenderer:
         self.block_chars = block_chars
         self._render_cache = TemplateCache()
         self._templates: OrderedDict[tuple[str, str], ChatTemplate] = OrderedDict()
+        self._by_props: dict[int, tuple[PodProps, str, ChatTemplate]] = {}
 
     def template(self, model: str, props: PodProps | None) -> ChatTemplate | None:
         if props is None or not props.chat_template:
             return None
+        # Discovery keeps one PodProps object per pod until its /props changes, so the object itself is
+        # the fast key; hashing the whole template text on every request cost more than the render.
+        seen = self._by_props.get(id(props))
+        if seen is not None and seen[0] is props and seen[1] == model:
+            return seen[2]
+        template = self._template(model, props)
+        if len(self._by_props) >= _MAX_TEMPLATES:
+            self._by_props.clear()
+        self._by_props[id(props)] = (props, model, template)  # holding `props` keeps its id unique
+        return template
+
+    def _template(self, model: str, props: PodProps) -> ChatTemplate:
         key = (model, hashlib.sha256(repr(sorted(props.template_props().items())).encode()).hexdigest())
         template = self._templates.get(key)
         if template is None:

@@ -1,7 +1,8 @@
 """Forward one request to the chosen pod and relay its answer.
 
-- Streaming answers (`text/event-stream`) are relayed chunk by chunk exactly as received (`aiter_raw`);
-  a copy goes to `SSETap` to read the final `timings`/`usage`. Nothing the client receives is changed.
+- Streaming answers (`text/event-stream`) are relayed chunk by chunk exactly as received (decoded from
+  the HTTP framing, never from a content-encoding); a copy goes to `SSETap` to read the final
+  `timings`/`usage`. Nothing the client receives is changed.
 - Other answers (including upstream errors) are relayed with their status and body.
 - A refused or timed-out connect raises `PodUnreachable` before anything was sent to the client, so the
   caller can mark the pod down and schedule again.
@@ -14,15 +15,22 @@ upstream response once the relay stopped reading it; the caller gives back its b
 runs the rest (lease release, index writes, close) in a background task. Awaiting in a `finally` of a
 cancelled relay is not reliable (anyio cancel scopes cancel every await), hence this split.
 Starlette's `BackgroundTask` is not used: it does not run on disconnect.
+
+Two upstream clients: the app's own `GatewayClient` carries an aiohttp session, which the proxy uses
+(see upstream.py for why); any other `httpx.AsyncClient` (tests inject one over a MockTransport) is
+used as is. Both feed the same relay.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from typing import Any
 
+import aiohttp
 import httpx
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
@@ -30,6 +38,7 @@ from starlette.types import Receive, Scope, Send
 from llamafleet_router.errors import SERVER, ApiError, sse_error_event
 from llamafleet_router.hooks import Outcome
 from llamafleet_router.sse import SSETap, stats_from_body
+from llamafleet_router.upstream import GatewayClient
 
 log = logging.getLogger(__name__)
 
@@ -45,18 +54,69 @@ class PodUnreachable(Exception):
     """The pod refused the connection or did not accept it in time; nothing reached the client."""
 
 
-def response_headers(upstream: httpx.Headers) -> dict[str, str]:
-    return {k: v for k, v in upstream.items() if k.lower() not in _DROP}
+def response_headers(upstream: Iterable[tuple[str, str]]) -> dict[str, str]:
+    """The upstream's headers minus hop-by-hop ones (items of httpx or aiohttp headers)."""
+    return {k: v for k, v in upstream if k.lower() not in _DROP}
 
 
 class RelayResponse(StreamingResponse):
-    """A StreamingResponse that always closes its body iterator, so the relay's `finally` runs at once
-    when the client disconnects (Starlette leaves a suspended generator to the garbage collector)."""
+    """A streamed response without Starlette's per-response task group and send wrappers.
+
+    The relay loop sends each chunk as it arrives; one small task waits for the client's disconnect and
+    cancels the relay, whose `finally` then reports the disconnect at once (so the slot is freed and the
+    upstream connection closed, which stops the generation). The body iterator is always closed, so the
+    relay's `finally` never waits for the garbage collector."""
+
+    def __init__(self, *args: Any, give_up: asyncio.Event | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.give_up = give_up  # set when discovery marks the pod down (hung): end the stream
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        relay = asyncio.current_task()
+        streaming = True
+        gone = False
+        abandoned = False
+
+        async def watch() -> None:
+            nonlocal gone
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    break
+            if streaming and relay is not None:
+                gone = True
+                relay.cancel()
+
+        async def abandon(event: asyncio.Event) -> None:
+            # A pod that hangs mid-stream would hold the client until it wakes: end the stream with an
+            # SSE error event instead, as for a pod that dies.
+            nonlocal abandoned
+            await event.wait()
+            if streaming and relay is not None:
+                abandoned = True
+                relay.cancel()
+
+        watcher = asyncio.create_task(watch())
+        hang_watch = asyncio.create_task(abandon(self.give_up)) if self.give_up is not None else None
         try:
-            await super().__call__(scope, receive, send)
+            start = {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
+            await send(start)
+            async for chunk in self.body_iterator:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            streaming = False
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except asyncio.CancelledError:
+            if not (gone or abandoned) or relay is None:
+                raise
+            relay.uncancel()  # our own cancel: the client left, or the pod hangs
+            if abandoned and not gone:
+                event = sse_error_event("The upstream server stopped answering mid-stream.")
+                await send({"type": "http.response.body", "body": event, "more_body": False})
         finally:
+            streaming = False
+            watcher.cancel()
+            if hang_watch is not None:
+                hang_watch.cancel()
             aclose = getattr(self.body_iterator, "aclose", None)
             if aclose is not None:
                 await aclose()
@@ -71,9 +131,14 @@ async def forward(
     on_finish: OnFinish,
     on_first_byte: OnFirstByte | None = None,
     extra_headers: Mapping[str, str] | None = None,
+    give_up: asyncio.Event | None = None,
 ) -> Response:
     """Send `body` to `url` and relay the answer; `extra_headers` are added to the client's response
-    (the routing decision, for operators and tests)."""
+    (the routing decision, for operators and tests). When `give_up` is set before the pod's first
+    byte (discovery found the pod hung or gone), PodUnreachable: the request goes elsewhere."""
+    if isinstance(http, GatewayClient):
+        return await _forward_aiohttp(http.session(), url, body, headers, on_finish, on_first_byte,
+                                      extra_headers, give_up)
     request = http.build_request("POST", url, content=body, headers=dict(headers))
     started = time.perf_counter()
     try:
@@ -82,47 +147,164 @@ async def forward(
         raise PodUnreachable(f"{type(exc).__name__}: {exc}") from exc
     except httpx.HTTPError as exc:
         on_finish(Outcome(status=502, error=str(exc)), _noop)
-        raise ApiError(502, f"The upstream server failed before answering: {type(exc).__name__}",
-                       type=SERVER, code="upstream_error") from exc
+        raise _upstream_error("before answering", exc) from exc
 
-    content_type = upstream.headers.get("content-type", "")
-    if upstream.status_code >= 400 or not content_type.startswith("text/event-stream"):
-        response = await _buffered(upstream, started, on_finish, on_first_byte)
-        response.headers.update(extra_headers or {})
-        return response
+    status, content_type = upstream.status_code, upstream.headers.get("content-type", "")
+    if status >= 400 or not content_type.startswith("text/event-stream"):
+        if on_first_byte is not None and status < 400:
+            on_first_byte(time.perf_counter() - started)
+        outcome = Outcome(status=status, error="cancelled")
+        try:
+            content = await upstream.aread()
+            outcome = _buffered_outcome(status, content)
+        except httpx.HTTPError as exc:
+            outcome = Outcome(status=502, error=str(exc))
+            raise _upstream_error("while answering", exc) from exc
+        finally:
+            on_finish(outcome, upstream.aclose)
+        return _buffered_response(content, status, upstream.headers.items(), extra_headers)
     return RelayResponse(
-        _relay(upstream, started, on_finish, on_first_byte),
-        status_code=upstream.status_code,
-        headers={**response_headers(upstream.headers), **(extra_headers or {})},
+        relay(upstream.aiter_raw(), status, upstream.aclose, httpx.HTTPError, started, on_finish,
+              on_first_byte),
+        status_code=status,
+        headers={**response_headers(upstream.headers.items()), **(extra_headers or {})},
     )
+
+
+async def _forward_aiohttp(
+    session: aiohttp.ClientSession,
+    url: str,
+    body: bytes,
+    headers: Mapping[str, str],
+    on_finish: OnFinish,
+    on_first_byte: OnFirstByte | None,
+    extra_headers: Mapping[str, str] | None,
+    give_up: asyncio.Event | None = None,
+) -> Response:
+    started = time.perf_counter()
+    upstream, head = await _unless(give_up, _open(session, url, body, headers, on_finish))
+
+    async def close() -> None:
+        upstream.release()  # back to the pool when read to the end, else the connection is closed
+
+    status = upstream.status
+    if head is None:
+        if on_first_byte is not None and status < 400:
+            on_first_byte(time.perf_counter() - started)
+        outcome = Outcome(status=status, error="cancelled")
+        try:
+            content = await upstream.read()
+            outcome = _buffered_outcome(status, content)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            outcome = Outcome(status=502, error=str(exc))
+            raise _upstream_error("while answering", exc) from exc
+        finally:
+            on_finish(outcome, close)
+        return _buffered_response(content, status, upstream.headers.items(), extra_headers)
+    return RelayResponse(
+        relay(_prepend(head, upstream.content.iter_any()), status, close, aiohttp.ClientError, started,
+              on_finish, on_first_byte),
+        status_code=status,
+        headers={**response_headers(upstream.headers.items()), **(extra_headers or {})},
+        give_up=give_up,
+    )
+
+
+async def _post(
+    session: aiohttp.ClientSession, url: str, body: bytes, headers: Mapping[str, str], on_finish: OnFinish
+) -> aiohttp.ClientResponse:
+    """POST once, and once more on a fresh connection when a pooled keep-alive connection turns out
+    to be closed by the pod (it closes idle ones after a few seconds); PodUnreachable when the pod
+    itself is gone."""
+    for attempt in range(2):
+        try:
+            return await session.post(url, data=body, headers=dict(headers), allow_redirects=False)
+        except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
+            raise PodUnreachable(f"{type(exc).__name__}: {exc}") from exc
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+            # Nothing was answered: safe to send again, and a dead pod then refuses the connect.
+            if attempt == 1:
+                raise PodUnreachable(f"{type(exc).__name__}: {exc}") from exc
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            on_finish(Outcome(status=502, error=str(exc)), _noop)
+            raise _upstream_error("before answering", exc) from exc
+    raise AssertionError("unreachable")
+
+
+async def _open(
+    session: aiohttp.ClientSession, url: str, body: bytes, headers: Mapping[str, str], on_finish: OnFinish
+) -> tuple[aiohttp.ClientResponse, bytes | None]:
+    """The upstream response and, for a stream, its first chunk (None for a buffered answer).
+
+    llama-server sends its 200 before the prompt is computed: a pod that dies during prefill fails
+    while we wait for the first chunk, before anything reached the client, so the request can still go
+    to another pod."""
+    upstream = await _post(session, url, body, headers, on_finish)
+    if upstream.status >= 400 or not upstream.headers.get("content-type", "").startswith(
+            "text/event-stream"):
+        return upstream, None
+    try:
+        return upstream, await anext(upstream.content.iter_any(), b"")
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        upstream.close()
+        raise PodUnreachable(f"failed before its first byte: {type(exc).__name__}: {exc}") from exc
+    except asyncio.CancelledError:
+        upstream.close()
+        raise
+
+
+async def _unless(
+    give_up: asyncio.Event | None, opening: Awaitable[tuple[aiohttp.ClientResponse, bytes | None]]
+) -> tuple[aiohttp.ClientResponse, bytes | None]:
+    if give_up is None:
+        return await opening
+    if give_up.is_set():
+        raise PodUnreachable("the pod was marked down")
+    task = asyncio.ensure_future(opening)
+    waiter = asyncio.ensure_future(give_up.wait())
+    try:
+        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()
+    if not task.done():
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+        raise PodUnreachable("the pod was marked down (hung or gone) before its first byte")
+    return task.result()
+
+
+async def _prepend(head: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    if head:
+        yield head
+    async for chunk in rest:
+        yield chunk
 
 
 async def _noop() -> None:
     return None
 
 
-async def _buffered(
-    upstream: httpx.Response, started: float, on_finish: OnFinish, on_first_byte: OnFirstByte | None
+def _upstream_error(when: str, exc: Exception) -> ApiError:
+    return ApiError(502, f"The upstream server failed {when}: {type(exc).__name__}", type=SERVER,
+                    code="upstream_error")
+
+
+def _buffered_outcome(status: int, content: bytes) -> Outcome:
+    stats = stats_from_body(content) if status < 400 else None
+    return Outcome(status=status, stats=stats, completed=True, served_slot=_served_slot(content))
+
+
+def _buffered_response(
+    content: bytes, status: int, headers: Iterable[tuple[str, str]], extra: Mapping[str, str] | None
 ) -> Response:
-    # A non-streaming llama-server answer sends its headers when the whole answer is ready.
-    if on_first_byte is not None and upstream.status_code < 400:
-        on_first_byte(time.perf_counter() - started)
-    outcome = Outcome(status=upstream.status_code, error="cancelled")
-    try:
-        content = await upstream.aread()
-        stats = stats_from_body(content) if upstream.status_code < 400 else None
-        outcome = Outcome(status=upstream.status_code, stats=stats, completed=True,
-                          served_slot=_served_slot(content))
-    except httpx.HTTPError as exc:
-        outcome = Outcome(status=502, error=str(exc))
-        raise ApiError(502, f"The upstream server failed while answering: {type(exc).__name__}",
-                       type=SERVER, code="upstream_error") from exc
-    finally:
-        on_finish(outcome, upstream.aclose)
-    # `aread` decodes any content-encoding (we ask for identity anyway), so that header must go.
-    headers = response_headers(upstream.headers)
-    headers.pop("content-encoding", None)
-    return Response(content, status_code=upstream.status_code, headers=headers)
+    # A non-streaming llama-server answer sends its headers when the whole answer is ready. Reading it
+    # whole decodes any content-encoding (we ask for identity anyway), so that header must go.
+    relayed = response_headers(headers)
+    relayed.pop("content-encoding", None)
+    response = Response(content, status_code=status, headers=relayed)
+    response.headers.update(extra or {})
+    return response
 
 
 def _served_slot(content: bytes) -> int | None:
@@ -134,21 +316,30 @@ def _served_slot(content: bytes) -> int | None:
     return int(digits) if digits.lstrip(b"-").isdigit() else None
 
 
-async def _relay(
-    upstream: httpx.Response, started: float, on_finish: OnFinish, on_first_byte: OnFirstByte | None
+async def relay(
+    chunks: AsyncIterator[bytes],
+    status: int,
+    close: Callable[[], Awaitable[None]],
+    errors: type[Exception] | tuple[type[Exception], ...],
+    started: float,
+    on_finish: OnFinish,
+    on_first_byte: OnFirstByte | None,
 ) -> AsyncIterator[bytes]:
+    """Yield the upstream's body chunks unchanged while a tap reads them; report the end exactly once.
+
+    `errors` are the upstream client's failures: one midway ends the stream with an SSE error event."""
     tap = SSETap()
     first = True
     completed = False
     error: str | None = None
     finished = False
     # Set once this relay has stopped reading upstream: only then may the upstream response be closed
-    # (closing it under a running `aiter_raw` would break the relay's last read).
+    # (closing it under a running read would break the relay's last read).
     drained = asyncio.Event()
 
     async def close_when_drained() -> None:
         await drained.wait()
-        await upstream.aclose()
+        await close()
 
     def finish() -> None:
         nonlocal finished
@@ -157,7 +348,7 @@ async def _relay(
         finished = True
         on_finish(
             Outcome(
-                status=upstream.status_code,
+                status=status,
                 stats=tap.stats if completed else None,
                 completed=completed,
                 disconnected=not completed and error is None,
@@ -168,7 +359,7 @@ async def _relay(
 
     try:
         try:
-            async for chunk in upstream.aiter_raw():
+            async for chunk in chunks:
                 if first and on_first_byte is not None:
                     on_first_byte(time.perf_counter() - started)
                 first = False
@@ -182,7 +373,7 @@ async def _relay(
                 yield chunk
             tap.close()
             completed = True
-        except httpx.HTTPError as exc:
+        except errors as exc:
             if not completed:
                 error = f"{type(exc).__name__}: {exc}"
                 log.warning("upstream stream failed midway", extra={"error": error})

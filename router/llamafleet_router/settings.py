@@ -78,6 +78,19 @@ class RouterSettings(BaseSettings):
     index_ping_interval: float = Field(default=2.0, gt=0)
     #: Log level of the router's JSON logs.
     log_level: str = "INFO"
+    #: Shared token of the pods' snapshot agents (the router asks them to save, pull and restore
+    #: snapshots). Snapshots are off when neither this nor `agent_token_file` is set. Never logged.
+    agent_token: SecretStr | None = None
+    #: File holding the agents' shared token (first line), used when `agent_token` is unset.
+    agent_token_file: Path | None = None
+    #: A session prefix (tools, system prompt, history) is snapshotted on first sight only from this many
+    #: characters on: shorter ones compute in well under a second anyway.
+    first_sight_min_chars: int = Field(default=2048, ge=1)
+    #: Seconds a request waits for a concurrent request's first-sight snapshot of the same prefix before
+    #: it computes the prefix itself.
+    first_sight_wait_s: float = Field(default=120.0, ge=0)
+    #: Most stage snapshots (special-token boundaries, the last line) saved inside one new session prefix.
+    snapshot_stages: int = Field(default=3, ge=0)
 
     @field_validator("pods", mode="before")
     @classmethod
@@ -100,6 +113,16 @@ class RouterSettings(BaseSettings):
         if self.index == "redis" and not self.redis_url:
             raise ValueError("index=redis needs redis_url")
         return self
+
+    def resolved_agent_token(self) -> str | None:
+        """The agents' token from `agent_token`, else the first line of `agent_token_file`, else None."""
+        if self.agent_token is not None and self.agent_token.get_secret_value():
+            return self.agent_token.get_secret_value()
+        if self.agent_token_file is not None:
+            lines = self.agent_token_file.read_text().strip().splitlines()
+            if lines and lines[0].strip():
+                return lines[0].strip()
+        return None
 
     @property
     def pod_specs(self) -> list[PodSpec]:

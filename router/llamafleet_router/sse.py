@@ -18,6 +18,8 @@ from typing import Any
 
 # A single SSE line longer than this is not one llama-server writes; drop it rather than buffer it.
 _MAX_LINE = 4 * 1024 * 1024
+# Only events holding one of these keys can change what the tap reports (a JSON key is always quoted).
+_PARSED = (b'"timings"', b'"usage"', b'"error"', b'"message_stop"', b'"message_start"')
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +135,8 @@ class SSETap:
         if data.strip() == b"[DONE]":
             self.finished = True
             return
+        if not any(marker in data for marker in _PARSED):
+            return  # a token delta: nothing this tap reads, and parsing each one was most of its cost
         try:
             obj = json.loads(data)
         except (ValueError, RecursionError):

@@ -1,11 +1,13 @@
 """A real gateway over real llama-server pods and a real Redis, for the integration tests.
 
 `gateway(...)` builds the app exactly as `llamafleet router` does (create_app + StaticDiscovery +
-the Redis index with its fail-fast client) and serves it with uvicorn on a loopback port.
+the Redis index with its fail-fast client) and serves it with uvicorn on a loopback port. Pods may be
+given as `url|agent_url`; with `agent_token` the gateway's snapshot flow is on.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator, Sequence
@@ -13,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+from pydantic import SecretStr
 from starlette.applications import Starlette
 
 from llamafleet_core.index.redis_index import RedisPrefixIndex, RedisSlotLeases, connect
@@ -21,6 +24,7 @@ from llamafleet_router.discovery.base import Discovery, FenceHook
 from llamafleet_router.discovery.static import StaticDiscovery
 from llamafleet_router.inprocess import serve
 from llamafleet_router.settings import RouterSettings
+from llamafleet_router.snapshots import SnapshotConfig
 
 
 @dataclass
@@ -34,10 +38,11 @@ class Gateway:
 @contextlib.asynccontextmanager
 async def gateway(
     pod_urls: Sequence[str], redis_url: str, *, prefix: str = "lf", http: httpx.AsyncClient | None = None,
-    poll_interval: float = 0.5,
+    poll_interval: float = 0.5, agent_token: str | None = None,
 ) -> AsyncIterator[Gateway]:
     settings = RouterSettings(pods=",".join(pod_urls), redis_url=redis_url, poll_interval=poll_interval,
-                              index_ping_interval=0.2)
+                              index_ping_interval=0.2,
+                              agent_token=SecretStr(agent_token) if agent_token else None)
     client = connect(redis_url)
     index = RedisPrefixIndex(client, prefix=prefix)
     leases = RedisSlotLeases(client, prefix=prefix)
@@ -46,11 +51,27 @@ async def gateway(
         return StaticDiscovery(settings.pod_specs, http_client, poll_interval=poll_interval, fence=fence)
 
     app = create_app(settings, index=index, leases=leases, discovery=discovery, http=http)
+    # Idempotent: a no-op once create_app turns snapshots on from the settings itself.
+    app.state.gateway.enable_snapshots(SnapshotConfig.from_settings(settings))
     try:
         async with serve(app) as url:
+            await _until_healthy(url)
             yield Gateway(url, app, index, leases)
     finally:
         await client.aclose()
+
+
+async def _until_healthy(url: str, timeout: float = 60.0) -> None:
+    """Every pod routable: a pod with an agent is routable once its agent is ready (the model's digest
+    computed, required snapshots held), which takes a moment after llama-server answers."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    async with httpx.AsyncClient(timeout=5.0) as http:
+        while asyncio.get_running_loop().time() < deadline:
+            body = (await http.get(url + "/health")).json()
+            if body.get("pods_down", 1) == 0 and body.get("pods_up", 0) > 0:
+                return
+            await asyncio.sleep(0.1)
+    raise AssertionError(f"the gateway at {url} did not see every pod ready within {timeout}s")
 
 
 @dataclass
@@ -62,6 +83,7 @@ class Answer:
     cache_n: int
     prompt_n: int
     raw: bytes
+    snapshot: str = ""  # x-llamafleet-snapshot: the snapshot restored before forwarding, if any
 
     @property
     def prompt_tokens(self) -> int:
@@ -92,4 +114,5 @@ async def chat(http: httpx.AsyncClient, url: str, body: dict[str, Any]) -> Answe
         cache_n=int(timings.get("cache_n", 0)),
         prompt_n=int(timings.get("prompt_n", 0)),
         raw=resp.content,
+        snapshot=resp.headers.get("x-llamafleet-snapshot", ""),
     )

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+
+import httpx
+
 from llamafleet_core.types import PodRef
 from llamafleet_router.discovery.base import PodProps, model_name
 from llamafleet_router.discovery.static import StaticDiscovery
@@ -26,6 +30,7 @@ async def test_pod_lifecycle_changes_epoch_and_fences_old_uid_when_it_comes_back
     fenced (purged). The uid stays the pod's URL, so that every router replica names it alike."""
     pod = FakePod(URL, model="m", n_slots=3, busy={1})
     fleet = FakeFleet(pod)
+    fleet.agents_ready["http://agent-x:9000"] = True
     fenced: list[PodRef] = []
 
     async def fence(old: PodRef) -> None:
@@ -76,3 +81,44 @@ async def test_pod_never_reached_has_no_props_and_is_not_ready() -> None:
         [status] = await disc.endpoints()
         await disc.stop()
     assert not status.ready and status.props is None
+
+
+async def test_pod_with_an_agent_is_routable_only_when_its_agent_is_ready() -> None:
+    """A (re)started pod whose agent does not hold its required snapshots yet (`/ready` 503) stays
+    DOWN: it must not get traffic before it is warm."""
+    pod = FakePod(URL, model="m", n_slots=2)
+    fleet = FakeFleet(pod)
+    fleet.agents_ready["http://agent-x:9000"] = False
+    async with fleet.client() as http:
+        disc = StaticDiscovery([PodSpec.parse(f"{URL}|http://agent-x:9000")], http, poll_interval=60)
+        await disc.poll_once()
+        [cold] = await disc.endpoints()
+        fleet.agents_ready["http://agent-x:9000"] = True
+        await disc.poll_once()
+        [warm] = await disc.endpoints()
+    assert not cold.ready and warm.ready
+
+
+async def test_pod_is_marked_down_when_it_hangs() -> None:
+    """A pod that stops answering `/slots` (SIGSTOP, a stuck GPU) goes DOWN within the hang bound."""
+    pod = FakePod(URL, model="m", n_slots=2)
+    fleet = FakeFleet(pod)
+    release = asyncio.Event()
+
+    async def hanging(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/slots" and pod_hangs:
+            await release.wait()
+        return fleet.handler(request)
+
+    pod_hangs = False
+    async with httpx.AsyncClient(transport=httpx.MockTransport(hanging)) as http:
+        disc = StaticDiscovery([PodSpec.parse(URL)], http, poll_interval=0.1)
+        await disc.poll_once()
+        [before] = await disc.endpoints()
+        pod_hangs = True
+        started = asyncio.get_running_loop().time()
+        await disc.poll_once()
+        waited = asyncio.get_running_loop().time() - started
+        [during] = await disc.endpoints()
+        release.set()
+    assert before.ready and not during.ready and waited < 4.0

@@ -22,6 +22,7 @@ from llamafleet_core.types import Lookup, SlotRef, SnapshotRef
 Clock = Callable[[], float]
 
 _SnapKey = tuple[str, str]  # (name, pod_uid)
+_MAX_REFS = 65_536
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,22 +32,52 @@ class _SlotEntry:
     deadline: float
 
 
-def _common_prefix(held: tuple[str, ...], query: Sequence[str]) -> int:
-    n = 0
-    for a, b in zip(held, query, strict=False):
-        if a != b:
-            break
-        n += 1
-    return n
+def _runs(holders: dict[str, set[SlotRef]], query: Sequence[str]) -> dict[SlotRef, int]:
+    """How many leading blocks of `query` each slot holds, from the block -> slots map.
 
+    Chained hashes make the sets nested: a slot holding block i holds blocks 0..i, so c(i), the size of
+    block i's set, never grows with i, and a slot's run ends where it leaves the sets. The drop points
+    of c are found by bisection (O(D log n) set sizes for D distinct run ends) and the slots leaving at
+    each one by a set difference, the same plan as the Redis script. Walking every block would cost
+    n set operations; comparing every entry's chain would cost the whole index.
+    """
+    n = len(query)
+    empty: set[SlotRef] = set()
 
-def _covers(chain: Sequence[str], snap: SnapshotRef) -> bool:
-    """The snapshot's chain is a prefix of `chain`: chained hashes make its last block decide it."""
-    return snap.n_blocks <= len(chain) and chain[snap.n_blocks - 1] == snap.last_block
+    def at(i: int) -> set[SlotRef]:
+        return holders.get(query[i], empty)
+
+    c0 = len(at(0))
+    if c0 == 0:
+        return {}
+    drops: list[int] = []
+    stack = [(0, c0, n - 1, len(at(n - 1)))]
+    while stack:
+        a, ca, b, cb = stack.pop()
+        if ca == cb:
+            continue
+        if b == a + 1:
+            drops.append(a)
+            continue
+        mid = (a + b) // 2
+        cm = len(at(mid))
+        stack.append((a, ca, mid, cm))
+        stack.append((mid, cm, b, cb))
+    out: dict[SlotRef, int] = {}
+    for a in drops:
+        for ref in at(a) - at(a + 1):
+            out[ref] = a + 1
+    for ref in at(n - 1):
+        out[ref] = n
+    return out
 
 
 class InMemoryPrefixIndex:
-    """Dicts keyed by model; see `PrefixIndex` for the contract."""
+    """Dicts keyed by model, laid out like the Redis keys; see `PrefixIndex` for the contract.
+
+    Per model: slot -> entry, block hash -> slots holding it, and the snapshots by the block they end
+    at, so a lookup walks the query chain, never the whole index (1,000 entries took ~7 ms to scan).
+    """
 
     def __init__(
         self,
@@ -59,48 +90,99 @@ class InMemoryPrefixIndex:
         self.snapshot_ttl_s = snapshot_ttl_s
         self._clock = clock
         self._slots: dict[str, dict[SlotRef, _SlotEntry]] = {}
+        self._holders: dict[str, dict[str, set[SlotRef]]] = {}
         self._snaps: dict[str, dict[_SnapKey, tuple[SnapshotRef, float]]] = {}
+        self._snap_last: dict[str, dict[str, set[_SnapKey]]] = {}
+        self._refs: dict[SlotRef, SlotRef] = {}  # canonical SlotRef objects (bounded by the fleet's slots)
         # Per pod, what it has in which model, so purge_pod costs O(its entries).
         self._pod_slots: dict[str, set[tuple[str, SlotRef]]] = {}
         self._pod_snaps: dict[str, set[tuple[str, _SnapKey]]] = {}
 
     async def lookup(self, model: str, blocks: Sequence[str]) -> Lookup:
+        if not blocks:
+            return Lookup()
         now = self._clock()
-        slots: dict[SlotRef, int] = {}
-        if blocks:
-            for ref, entry in self._slots.get(model, {}).items():
-                if entry.deadline > now:
-                    n = _common_prefix(entry.blocks, blocks)
-                    if n:
-                        slots[ref] = n
-        snaps = [
-            snap
-            for snap, deadline in self._snaps.get(model, {}).values()
-            if deadline > now and _covers(blocks, snap)
-        ]
+        entries = self._slots.get(model, {})
+        slots = _runs(self._holders.get(model, {}), blocks)
+        expired = [ref for ref in slots if entries[ref].deadline <= now]
+        for ref in expired:  # drop them now, as Redis would have
+            del slots[ref]
+            self._drop_slot(model, ref)
+        snaps: list[SnapshotRef] = []
+        by_last = self._snap_last.get(model)
+        if by_last:
+            catalog = self._snaps[model]
+            for i, block in enumerate(blocks):
+                for key in by_last.get(block, ()):
+                    snap, deadline = catalog[key]
+                    if deadline > now and snap.n_blocks == i + 1:
+                        snaps.append(snap)
         return Lookup(slots=slots, snapshots=tuple(sorted(snaps, key=snapshot_order)))
 
     async def record_slot(self, model: str, slot: SlotRef, blocks: Sequence[str], n_tokens: int) -> None:
         if not blocks:
             await self.forget_slot(model, slot)
             return
+        chain = tuple(blocks)
+        holders = self._holders.setdefault(model, {})
+        if len(self._refs) > _MAX_REFS:  # only an optimisation: equal objects still work after this
+            self._refs.clear()
+        slot = self._refs.setdefault(slot, slot)  # one object per slot: set operations hit identity
+        old = self._slots.get(model, {}).get(slot)
+        # Only the difference touches the block sets: a session's next turn re-records the same
+        # prefix plus a new tail, so most of its 240 blocks are already there.
+        held = set(old.blocks) if old is not None else set()
+        if old is not None:
+            keep = set(chain)
+            for h in old.blocks:
+                if h not in keep:
+                    _discard(holders, h, slot)
+        for h in chain:
+            if h in held:
+                continue
+            found = holders.get(h)
+            if found is None:
+                holders[h] = {slot}
+            else:
+                found.add(slot)
         deadline = self._clock() + self.slot_ttl_s
-        self._slots.setdefault(model, {})[slot] = _SlotEntry(tuple(blocks), n_tokens, deadline)
+        self._slots.setdefault(model, {})[slot] = _SlotEntry(chain, n_tokens, deadline)
         self._pod_slots.setdefault(slot.pod_uid, set()).add((model, slot))
 
-    async def forget_slot(self, model: str, slot: SlotRef) -> None:
-        self._slots.get(model, {}).pop(slot, None)
+    def _drop_slot(self, model: str, slot: SlotRef) -> _SlotEntry | None:
+        entry = self._slots.get(model, {}).pop(slot, None)
+        if entry is not None:
+            holders = self._holders.get(model, {})
+            for h in entry.blocks:
+                _discard(holders, h, slot)
         self._pod_slots.get(slot.pod_uid, set()).discard((model, slot))
+        return entry
+
+    async def forget_slot(self, model: str, slot: SlotRef) -> None:
+        self._drop_slot(model, slot)
 
     async def record_snapshot(self, model: str, snap: SnapshotRef, blocks: Sequence[str]) -> None:
         snap = check_snapshot(snap, blocks)
         key = (snap.name, snap.pod_uid)
+        self._drop_snapshot(model, key)
         self._snaps.setdefault(model, {})[key] = (snap, self._clock() + self.snapshot_ttl_s)
+        self._snap_last.setdefault(model, {}).setdefault(snap.last_block, set()).add(key)
         self._pod_snaps.setdefault(snap.pod_uid, set()).add((model, key))
 
+    def _drop_snapshot(self, model: str, key: _SnapKey) -> tuple[SnapshotRef, float] | None:
+        found = self._snaps.get(model, {}).pop(key, None)
+        if found is not None:
+            by_last = self._snap_last.get(model, {})
+            keys = by_last.get(found[0].last_block)
+            if keys is not None:
+                keys.discard(key)
+                if not keys:
+                    del by_last[found[0].last_block]
+        self._pod_snaps.get(key[1], set()).discard((model, key))
+        return found
+
     async def forget_snapshot(self, model: str, name: str, pod_uid: str) -> None:
-        self._snaps.get(model, {}).pop((name, pod_uid), None)
-        self._pod_snaps.get(pod_uid, set()).discard((model, (name, pod_uid)))
+        self._drop_snapshot(model, (name, pod_uid))
 
     async def snapshots(self, model: str, pod_uid: str | None = None) -> list[SnapshotRef]:
         now = self._clock()
@@ -114,14 +196,16 @@ class InMemoryPrefixIndex:
     async def purge_pod(self, pod_uid: str) -> int:
         now = self._clock()
         removed = 0
-        for model, slot in self._pod_slots.pop(pod_uid, set()):
-            entry = self._slots.get(model, {}).pop(slot, None)
+        for model, slot in list(self._pod_slots.get(pod_uid, ())):
+            entry = self._drop_slot(model, slot)
             if entry is not None and entry.deadline > now:
                 removed += 1
-        for model, key in self._pod_snaps.pop(pod_uid, set()):
-            found = self._snaps.get(model, {}).pop(key, None)
+        for model, key in list(self._pod_snaps.get(pod_uid, ())):
+            found = self._drop_snapshot(model, key)
             if found is not None and found[1] > now:
                 removed += 1
+        self._pod_slots.pop(pod_uid, None)
+        self._pod_snaps.pop(pod_uid, None)
         return removed
 
     async def ping(self) -> bool:
@@ -129,6 +213,14 @@ class InMemoryPrefixIndex:
 
     async def close(self) -> None:
         return None
+
+
+def _discard(holders: dict[str, set[SlotRef]], block: str, slot: SlotRef) -> None:
+    found = holders.get(block)
+    if found is not None:
+        found.discard(slot)
+        if not found:
+            del holders[block]
 
 
 class InMemorySlotLeases:

@@ -33,19 +33,36 @@ local function add_member(key, deadline, member, now, ttl)
 end
 """
 
-# ARGV: base, pod set key, slot key, ttl ms, n_tokens, block hashes...  -> number of blocks recorded
+# ARGV: base, pod set key, slot key, ttl ms, n_tokens, width, then the block hashes (one string of
+# fixed-width hashes when width > 0, as in LOOKUP)  -> number of blocks recorded.
+# A slot re-recorded within the first tenth of its TTL (a session's next turn: the same prefix plus a
+# new tail) only adds its new blocks: refreshing all 240 block sets cost ~4 commands each. The slot's
+# stored `deadline` stays the EARLIEST deadline of its blocks, so the next record after that tenth
+# refreshes everything and no block outlives its slot or expires under a live one.
 RECORD_SLOT = _PRELUDE + """
 local base, podkey, member, ttl, ntok = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
+local width = tonumber(ARGV[6])
 local now = now_ms()
 local deadline = now + ttl
 local skey = base .. 'slot:' .. member
 local new, chain = {}, {}
-for i = 6, #ARGV do new[ARGV[i]] = true; chain[#chain + 1] = ARGV[i] end
+if width > 0 then
+  local blob = ARGV[7]
+  for i = 1, math.floor(#blob / width) do chain[i] = string.sub(blob, (i - 1) * width + 1, i * width) end
+else
+  for i = 7, #ARGV do chain[#chain + 1] = ARGV[i] end
+end
+for _, h in ipairs(chain) do new[h] = true end
 local old = redis.call('HGET', skey, 'blocks')
+local held, stored = {}, deadline
 if old then
+  local old_deadline = tonumber(redis.call('HGET', skey, 'deadline') or 0)
+  local fresh = old_deadline - now > ttl * 0.9
   for _, h in ipairs(cjson.decode(old)) do
-    if not new[h] then redis.call('ZREM', base .. 'b:' .. h, member) end
+    if not new[h] then redis.call('ZREM', base .. 'b:' .. h, member)
+    elseif fresh then held[h] = true end
   end
+  if fresh then stored = old_deadline end
 end
 local podentry = cjson.encode({'s', base, member})
 if #chain == 0 then
@@ -53,33 +70,50 @@ if #chain == 0 then
   redis.call('SREM', podkey, podentry)
   return 0
 end
-for _, h in ipairs(chain) do add_member(base .. 'b:' .. h, deadline, member, now, ttl) end
-redis.call('HSET', skey, 'blocks', cjson.encode(chain), 'n_tokens', ntok, 'deadline', deadline)
+for _, h in ipairs(chain) do
+  if not held[h] then add_member(base .. 'b:' .. h, deadline, member, now, ttl) end
+end
+redis.call('HSET', skey, 'blocks', cjson.encode(chain), 'n_tokens', ntok, 'deadline', stored)
 redis.call('PEXPIRE', skey, ttl)
 redis.call('SADD', podkey, podentry)
 extend(podkey, ttl)
 return #chain
 """
 
-# ARGV: base, block hashes...  -> {"slotkey\nn_blocks\n...", "snapshot json\n..."}
+# ARGV: base, width, then the block hashes: when width > 0, ONE string of fixed-width hashes (the
+# common case: packing 240 separate arguments cost the client more than the whole script costs Redis),
+# else one argument per hash.  -> {"snapshot json\n...", run, "slotkey\n...", run, "slotkey\n...", ...}
 # Slots. Chained hashes make membership monotone: a slot in block i's set is in the sets of blocks
 # 0..i, so c(i), the number of live members of block i's set, never grows with i, and a slot's run ends
 # where it leaves the sets. Find the D drop points of c with a binary search of ZCOUNTs (O(D log n)),
 # then either diff the live members at each drop point (cheap when D is small, the usual case: slots
 # sharing a prefix diverge together) or binary-search each slot over the drop points with ZSCORE
 # (O(slots log D), for many distinct run lengths), whichever touches less. ZDIFF measured slower than
-# the diff in Lua. A walk of every block costs n * slots instead.
+# the diff in Lua. A walk of every block costs n * slots instead. Slots come back grouped by run length,
+# so a group that a whole set makes up is joined in C (`table.concat`), not member by member in Lua.
 # Snapshots: one SMISMEMBER finds which query blocks end some snapshot; only those are read.
 LOOKUP = _PRELUDE + """
-local base = ARGV[1]
-local n = #ARGV - 1
+local base, width = ARGV[1], tonumber(ARGV[2])
+local q = {}
+if width > 0 then
+  local blob = ARGV[3]
+  for i = 1, math.floor(#blob / width) do q[i] = string.sub(blob, (i - 1) * width + 1, i * width) end
+else
+  for i = 3, #ARGV do q[#q + 1] = ARGV[i] end
+end
+local n = #q
 local now = now_ms()
 local lo = '(' .. now
-local function bkey(i) return base .. 'b:' .. ARGV[i + 1] end
+local function bkey(i) return base .. 'b:' .. q[i] end
 local function count(i) return redis.call('ZCOUNT', bkey(i), lo, '+inf') end
 local function live(i) return redis.call('ZRANGEBYSCORE', bkey(i), lo, '+inf') end
-local out = {}
-local function emit(m, run) out[#out + 1] = m; out[#out + 1] = run end
+local groups = {}
+local function group(run, members)
+  if #members > 0 then
+    groups[#groups + 1] = run
+    groups[#groups + 1] = table.concat(members, '\\n')
+  end
+end
 local c1 = n >= 1 and count(1) or 0
 if c1 > 0 then
   local cn = n > 1 and count(n) or c1
@@ -104,6 +138,7 @@ if c1 > 0 then
   for _, d in ipairs(drops) do ends[#ends + 1] = d[1]; diff_cost = diff_cost + d[2] + d[3] end
   if cn > 0 then ends[#ends + 1] = n end
   if c1 * math.ceil(math.log(#ends + 1) / math.log(2)) * 6 < diff_cost then
+    local by_end = {}
     for _, m in ipairs(live(1)) do
       local lo_i, hi_i = 1, #ends  -- every candidate holds ends[1]: no run is shorter
       while lo_i < hi_i do
@@ -111,37 +146,43 @@ if c1 > 0 then
         local score = redis.call('ZSCORE', bkey(ends[mid]), m)
         if score and tonumber(score) > now then lo_i = mid else hi_i = mid - 1 end
       end
-      emit(m, ends[lo_i])
+      local bucket = by_end[lo_i]
+      if bucket == nil then bucket = {}; by_end[lo_i] = bucket end
+      bucket[#bucket + 1] = m
     end
+    for i = 1, #ends do if by_end[i] then group(ends[i], by_end[i]) end end
   else
     for _, d in ipairs(drops) do
       local a, cb = d[1], d[3]
       if cb == 0 then
-        for _, m in ipairs(live(a)) do emit(m, a) end
+        group(a, live(a))
       else
-        local stay = {}
+        local stay, gone = {}, {}
         for _, m in ipairs(live(a + 1)) do stay[m] = true end
-        for _, m in ipairs(live(a)) do if not stay[m] then emit(m, a) end end
+        for _, m in ipairs(live(a)) do if not stay[m] then gone[#gone + 1] = m end end
+        group(a, gone)
       end
     end
-    if cn > 0 then for _, m in ipairs(live(n)) do emit(m, n) end end
+    if cn > 0 then group(n, live(n)) end
   end
 end
 local snaps = {}
 if n >= 1 then
   local catalog = base .. 'snaps'
-  local hits = redis.call('SMISMEMBER', base .. 'snaplast', unpack(ARGV, 2))
+  local hits = redis.call('SMISMEMBER', base .. 'snaplast', unpack(q))
   for i = 1, n do
     if hits[i] == 1 then
-      for _, id in ipairs(redis.call('ZRANGEBYSCORE', base .. 'snap:' .. ARGV[i + 1], lo, '+inf')) do
+      for _, id in ipairs(redis.call('ZRANGEBYSCORE', base .. 'snap:' .. q[i], lo, '+inf')) do
         local raw = redis.call('HGET', catalog, id)
         if raw and tonumber(cjson.decode(raw).n_blocks) == i then snaps[#snaps + 1] = raw end
       end
     end
   end
 end
--- Two bulk strings rather than hundreds of array items: the client parses them far faster.
-return {table.concat(out, '\\n'), table.concat(snaps, '\\n')}
+-- A few bulk strings rather than hundreds of array items: the client parses them far faster.
+local reply = {table.concat(snaps, '\\n')}
+for i = 1, #groups do reply[i + 1] = groups[i] end
+return reply
 """
 
 # ARGV: base, pod set key, snapshot id, ttl ms, snapshot json (no deadline), last block

@@ -29,11 +29,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from llamafleet_core.prefix.hashing import BLOCK_CHARS, block_chain
+from llamafleet_core.prefix.hashing import BLOCK_CHARS, block_chain, extend_chain
 from llamafleet_core.prefix.template import ChatTemplate, PromptError, canonical_render, render_chat
 
 RenderedBy = Literal["template", "fallback", "raw"]
 _SPECIAL = re.compile(r"<\|[^\s<>|]{1,64}\|>")
+_MAX_CHAINS = 64  # session-prefix chains kept per TemplateCache (each a tuple of ~240 short strings)
 
 
 @dataclass(frozen=True)
@@ -71,14 +72,22 @@ def special_token_start(text: str, pos: int, markers: Sequence[str] | None = Non
     return 0
 
 
+_LCP_STEP = 4096
+
+
 def _lcp(a: str, b: str) -> int:
     n = min(len(a), len(b))
     if a[:n] == b[:n]:
         return n
-    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    # Find the first differing window, then bisect inside it: bisecting the whole text copied ~2 MB
+    # of slices for a 60K-character prompt.
+    lo = 0
+    while lo + _LCP_STEP <= n and a[lo:lo + _LCP_STEP] == b[lo:lo + _LCP_STEP]:
+        lo += _LCP_STEP
+    hi = min(lo + _LCP_STEP, n)  # a[:lo] == b[:lo], a[:hi] != b[:hi]
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if a[:mid] == b[:mid]:
+        if a[lo:mid] == b[lo:mid]:
             lo = mid
         else:
             hi = mid
@@ -105,24 +114,50 @@ def _probe_content(content: Any) -> str:
 def _session_cut(
     template: ChatTemplate | None, body: Mapping[str, Any], messages: list[Any], full: str,
     path: str, markers: Sequence[str] | None,
-) -> int:
+) -> tuple[int, str]:
+    """The cut, and the render it was found with: `full[:cut]` is a prefix of that render too."""
     idx = _last_user_index(messages)
     if idx < 0:
-        return len(full)
+        return len(full), full
     if path == "fallback":
         plain = canonical_render(body.get("tools"), messages[:idx], False)
-        return special_token_start(full, _lcp(plain, full), markers)
+        return special_token_start(full, _lcp(plain, full), markers), plain
     # The probe: the same history followed by a constant user message. Its render is shared by every
     # session with that history (so the render cache serves it), and it parts from the full prompt
     # exactly where the last user message's text begins.
     probe = [*messages[:idx], {"role": "user", "content": _probe_content(messages[idx].get("content"))}]
     probed = render_chat(template, body, messages=probe, add_generation_prompt=False)
     if probed.path == "template":
-        return special_token_start(full, _lcp(probed.text, full), markers)
+        return special_token_start(full, _lcp(probed.text, full), markers), probed.text
     before = render_chat(template, body, messages=messages[:idx], add_generation_prompt=False)
     if before.path == "template":
-        return special_token_start(full, _lcp(before.text, full), markers)
-    return 0
+        return special_token_start(full, _lcp(before.text, full), markers), before.text
+    return 0, full
+
+
+def _chain(
+    text: str, cut: int, basis: str, template: ChatTemplate | None, seed: str, block_chars: int
+) -> tuple[str, ...]:
+    """`block_chain(text)`, reusing the chain of the session prefix's whole blocks when seen before.
+
+    Keyed by the render the cut came from: the render cache hands back the same string object for a
+    repeated session prefix, whose hash Python keeps, so the key costs nothing to hash or compare, and
+    only the blocks after the session prefix are hashed (an agent's 60K-character prompt: 240 blocks
+    down to the few of its new question)."""
+    n_full = cut // block_chars
+    if template is None or n_full == 0:
+        return block_chain(text, seed=seed, block_chars=block_chars)
+    chains = template.cache.chains
+    key = (seed, block_chars, basis, n_full)
+    head = chains.get(key)
+    if head is None:
+        head = block_chain(text[: n_full * block_chars], seed=seed, block_chars=block_chars)
+        chains[key] = head
+        while len(chains) > _MAX_CHAINS:
+            chains.popitem(last=False)
+    else:
+        chains.move_to_end(key)
+    return extend_chain(head, text, seed=seed, block_chars=block_chars)
 
 
 def chat_identity(
@@ -140,9 +175,12 @@ def chat_identity(
     if not isinstance(messages, list):
         raise PromptError("'messages' must be an array")
     try:
-        rendered = render_chat(template, body)
-        cut = _session_cut(template, body, messages, rendered.text, rendered.path, markers)
-        blocks = block_chain(rendered.text, seed=model, block_chars=block_chars)
+        # The full prompt ends in a new question: rendered once, so not through the render cache.
+        rendered = render_chat(template, body, remember=False)
+        cut, basis = _session_cut(template, body, messages, rendered.text, rendered.path, markers)
+        if block_chars <= 0:
+            raise ValueError("block_chars must be positive")
+        blocks = _chain(rendered.text, cut, basis, template, model, block_chars)
     except (ValueError, TypeError, RecursionError) as exc:  # e.g. block_chars <= 0, unencodable seed
         raise PromptError(str(exc)) from exc
     return PromptIdentity(model, rendered.text, blocks, block_chars, cut, rendered.path)

@@ -28,6 +28,7 @@ share prefixes between turns. Rendering never raises to the caller; the result s
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -35,8 +36,10 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Literal
 
+import orjson
 from jinja2 import Template, TemplateError
 
 from llamafleet_core.prefix.jinja_env import make_environment
@@ -46,6 +49,7 @@ from llamafleet_core.prefix.normalize import Rejected, normalize_messages, norma
 RenderPath = Literal["template", "fallback"]
 _OBJECT_ARGS = re.compile(r"arguments\s*(\|\s*(items|tojson)|\.items\(\))")
 _ROLE_NAME = re.compile(r"[A-Za-z0-9_\-]{1,32}")
+_MAX_TOOL_LISTS = 32
 
 
 class PromptError(ValueError):
@@ -82,24 +86,56 @@ class TemplateCache:
         self.max_templates = max_templates
         self.max_renders = max_renders
         self.render_hits = 0
+        # Normalized tools by request object (one request renders two or three times) and by content
+        # (an agent sends the same tools on every turn, in a new request object each time).
         self._tools: OrderedDict[int, tuple[Any, list[PrecomputedJson] | None]] = OrderedDict()
+        self._tools_by_json: OrderedDict[bytes, list[PrecomputedJson] | None] = OrderedDict()
+        self._tool_digests: dict[int, tuple[list[PrecomputedJson], bytes]] = {}
+        # Block chains of session prefixes, keyed by the render they were cut from (see identity.py).
+        self.chains: OrderedDict[tuple[str, int, str, int], tuple[str, ...]] = OrderedDict()
 
     def tools(self, raw: Any) -> list[PrecomputedJson] | None:
-        """`normalize_tools(raw)`, reused while the same (unmodified) request object is being rendered.
+        """`normalize_tools(raw)`, computed once per distinct tool list.
 
-        Keyed by identity: the entry holds `raw` itself, so its id cannot be reused while cached.
-        One request renders two or three times (full prompt, session probe), the tools once.
+        The identity entry holds `raw` itself, so its id cannot be reused while cached. The content key
+        is the compact JSON of `raw` (orjson: ~0.1 ms for 50 KB of schemas, where normalizing them takes
+        ~1 ms); JSON cannot tell NaN from null there, but the gateway refuses NaN, as llama-server does.
         """
         if raw is None:
             return None
         hit = self._tools.get(id(raw))
         if hit is not None and hit[0] is raw:
             return hit[1]
-        tools = normalize_tools(raw)
+        try:
+            key: bytes | None = orjson.dumps(raw)
+        except (TypeError, orjson.JSONEncodeError):  # not plain JSON data: no content key
+            key = None
+        if key is not None and key in self._tools_by_json:
+            tools = self._tools_by_json[key]
+            self._tools_by_json.move_to_end(key)
+        else:
+            tools = normalize_tools(raw)
+            if key is not None:
+                self._tools_by_json[key] = tools
+                if len(self._tools_by_json) > _MAX_TOOL_LISTS:
+                    self._tools_by_json.popitem(last=False)
         self._tools[id(raw)] = (raw, tools)
         while len(self._tools) > 8:
             self._tools.popitem(last=False)
         return tools
+
+    def tools_digest(self, tools: list[PrecomputedJson]) -> bytes:
+        """Digest of a normalized tool list's JSON texts, computed once per list (they are cached)."""
+        hit = self._tool_digests.get(id(tools))
+        if hit is not None and hit[0] is tools:
+            return hit[1]
+        h = hashlib.blake2b(digest_size=16)
+        for tool in tools:
+            h.update(b"\x00" + tool.json_text.encode("utf-8", "surrogatepass"))
+        if len(self._tool_digests) > 2 * _MAX_TOOL_LISTS:
+            self._tool_digests.clear()
+        self._tool_digests[id(tools)] = (tools, h.digest())
+        return h.digest()
 
     def compile(self, source: str) -> Template:
         tmpl = self._templates.get(source)
@@ -112,8 +148,15 @@ class TemplateCache:
             self._templates.move_to_end(source)
         return tmpl
 
-    def render(self, source: str, context: dict[str, Any]) -> str:
-        key = _render_key(source, context)
+    def render(self, source: str, context: dict[str, Any], *, remember: bool = True) -> str:
+        """Render `context`; with `remember`, through the cache. A prompt that ends in a new question
+        is rendered once and never again, so its callers skip the key (a digest of the whole context)."""
+        if not remember:
+            try:
+                return self.compile(source).render(context)
+            except Exception as exc:  # the same contract as the cached path
+                raise TemplateError(f"{type(exc).__name__}: {exc}") from exc
+        key = self._render_key(source, context)
         hit = self._renders.get(key)
         if hit is not None:
             self._renders.move_to_end(key)
@@ -131,26 +174,28 @@ class TemplateCache:
         return hit
 
 
-def _render_key(source: str, context: dict[str, Any]) -> bytes:
-    """Digest of everything a render depends on; tools enter through their precomputed JSON."""
-    h = hashlib.blake2b(source.encode("utf-8", "surrogatepass"), digest_size=16)
-    rest = {k: v for k, v in context.items() if k != "tools"}
-    h.update(json.dumps(rest, ensure_ascii=False, default=repr).encode("utf-8", "surrogatepass"))
-    for tool in context.get("tools") or ():
-        h.update(b"\x00" + tool.json_text.encode("utf-8", "surrogatepass"))
-    return h.digest()
+    def _render_key(self, source: str, context: dict[str, Any]) -> bytes:
+        """Digest of everything a render depends on; tools enter through their JSON texts' digest."""
+        h = hashlib.blake2b(source.encode("utf-8", "surrogatepass"), digest_size=16)
+        rest = {k: v for k, v in context.items() if k != "tools"}
+        h.update(json.dumps(rest, ensure_ascii=False, default=repr).encode("utf-8", "surrogatepass"))
+        tools = context.get("tools")
+        if tools:
+            h.update(b"\x01" + self.tools_digest(tools))
+        return h.digest()
 
 
-def _heuristic_caps(source: str) -> dict[str, bool]:
+@functools.lru_cache(maxsize=16)
+def _heuristic_caps(source: str) -> Mapping[str, bool]:
     """What `jinja::caps_get` would likely find, when `/props` did not tell us."""
     typed = bool(re.search(r"for \w+ in (message\.|message\[.content.\]|)content", source))
-    return {
+    return MappingProxyType({  # shared by every render of the template: read-only
         "supports_string_content": True,
         "supports_typed_content": typed,
         "supports_system_role": "system" in source,
         "supports_tool_calls": "tool_calls" in source,
         "supports_object_arguments": bool(_OBJECT_ARGS.search(source)),
-    }
+    })
 
 
 @dataclass(frozen=True)
@@ -195,12 +240,14 @@ def render_chat(
     *,
     messages: Sequence[Any] | None = None,
     add_generation_prompt: bool | None = None,
+    remember: bool = True,
 ) -> Rendered:
     """Render `body` (or `body` with `messages` replaced) the way `/apply-template` does; never raises.
 
     `add_generation_prompt=None` follows the request (default true, false when the last message is the
     assistant's, which llama-server continues). That continuation is rendered as the history without a
-    generation prompt, which matches the server up to the continued message.
+    generation prompt, which matches the server up to the continued message. `remember=False` skips
+    the render cache (for a render that will not repeat).
     """
     msgs = body.get("messages") if messages is None else messages
     agp = add_generation_prompt
@@ -216,7 +263,7 @@ def render_chat(
         return fallback("no template")
     try:
         context, source = _build_context(template, body, msgs, agp)
-        text = template.cache.render(source, context)
+        text = template.cache.render(source, context, remember=remember)
     except Rejected as exc:
         return fallback(f"rejected: {exc}")
     except (TemplateError, TypeError, ValueError, AttributeError, KeyError, IndexError,

@@ -64,7 +64,8 @@ async def idle_slots(llama: LlamaClient) -> list[int]:
 
 
 async def prefill_and_save(
-    pc: PodClients, name: str, tokens: list[int], *, blocks: Sequence[str], block_chars: int, pin: bool
+    pc: PodClients, name: str, tokens: list[int], *, blocks: Sequence[str], block_chars: int, pin: bool,
+    n_chars: int = 0, text_hash: str = "",
 ) -> tuple[SnapshotManifest, int]:
     """Prefill exactly `tokens` into an idle slot (`n_predict: 0`) and save it; returns (manifest, slot).
 
@@ -82,7 +83,8 @@ async def prefill_and_save(
         await pc.llama.prefill(tokens, slot, timeout=None)
         try:
             manifest = await pc.agent.save(
-                slot, name, pinned=pin, blocks=list(blocks), block_chars=block_chars, tokens=tokens
+                slot, name, pinned=pin, blocks=list(blocks), block_chars=block_chars, tokens=tokens,
+                n_chars=n_chars, text_hash=text_hash,
             )
         except AgentError as exc:
             if exc.kind != "tokens":

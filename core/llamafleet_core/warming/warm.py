@@ -148,7 +148,8 @@ async def warm_shared_prefix(
                 tokens = await pc.llama.tokenize(text, add_special=True)
                 track.step(i, f"prefilling {len(tokens)} tokens")
                 manifest, slot = await steps.prefill_and_save(
-                    pc, name, tokens, blocks=blocks, block_chars=block_chars, pin=pin
+                    pc, name, tokens, blocks=blocks, block_chars=block_chars, pin=pin,
+                    n_chars=len(text), text_hash=text_hash,
                 )
             except (AgentError, LlamaError) as exc:
                 track.fail(i, f"seeding failed: {steps.describe(exc)}")

@@ -8,7 +8,10 @@ environment (`LLAMAFLEET_AGENT_POD_NAME`), as the Kubernetes downward API would 
 
 from __future__ import annotations
 
+import asyncio
 import sys
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -102,18 +105,34 @@ class LocalPod:
                 return child
         return None
 
-    async def start(self, http: httpx.AsyncClient, agent_token: str, timeout: float = 120.0) -> None:
+    async def start(
+        self, http: httpx.AsyncClient, agent_token: str, timeout: float = 120.0,
+        required: Sequence[str] = (),
+    ) -> None:
+        """Start both processes and declare the snapshots the pod must hold before it is ready (the
+        gateway routes to a pod with an agent only once its `/ready` says 200). A first start requires
+        nothing yet (warming declares it); a restarted pod requires what it held, so it gets no traffic
+        until `warm_pod` has pulled those back. Returns once the agent knows the model's digest, which
+        fingerprints snapshots: warming must not start before."""
         self.ready = False
         self.layout.snapshot_dir.mkdir(parents=True, exist_ok=True)
         self.server.start()
         await self.server.wait_http(self.layout.llama_url + "/health", http, timeout)
         self.agent.start()
         await self.agent.wait_http(self.layout.agent_url + "/health", http, timeout)
-        # Agents run with --await-required, as in a cluster: nothing is required until warming says
-        # what; until then /ready means llama-server reachable and the model's digest known (the digest
-        # fingerprints snapshots, so warming must wait for it).
-        await AgentClient(self.layout.agent_url, http, agent_token).set_required([])
-        await self.agent.wait_http(self.layout.agent_url + "/ready", http, timeout)
+        await AgentClient(self.layout.agent_url, http, agent_token).set_required(list(required))
+        deadline = time.monotonic() + timeout
+        while not await self._digest_known(http):
+            if time.monotonic() > deadline:
+                raise self.agent.failure(f"did not know the model's digest within {timeout:.0f}s")
+            await asyncio.sleep(0.1)
+
+    async def _digest_known(self, http: httpx.AsyncClient) -> bool:
+        try:
+            body = (await http.get(self.layout.agent_url + "/ready", timeout=2.0)).json()
+        except (httpx.HTTPError, ValueError):
+            return False
+        return bool(body.get("model_digest"))
 
     async def stop(self) -> None:
         self.ready = False

@@ -244,11 +244,15 @@ class LocalFleet:
         for pod in self.pods:
             await self.require(pod)
 
+    def required_names(self, pod: LocalPod) -> list[str]:
+        """The SharedPrefix snapshots `pod` holds when warm."""
+        return sorted(r.snapshot for r in self.results.values()
+                      if any(s.pod == pod.name and s.state == "warm" for s in r.pods))
+
     async def require(self, pod: LocalPod) -> None:
         """Tell the pod's agent which snapshots its `/ready` needs. Always declared, even when empty:
         agents run with `--await-required` and stay unready until told."""
-        names = sorted(r.snapshot for r in self.results.values()
-                       if any(s.pod == pod.name and s.state == "warm" for s in r.pods))
+        names = self.required_names(pod)
         await AgentClient(pod.layout.agent_url, self.http, self.agent_token).set_required(names)
 
     # --- bookkeeping -----------------------------------------------------------------------------

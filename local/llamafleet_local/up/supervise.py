@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from typing import TYPE_CHECKING
 
 from llamafleet_core.warming import warm_pod
@@ -23,7 +22,6 @@ if TYPE_CHECKING:
     from llamafleet_local.up.runtime import LocalFleet
 
 POLL_S = 0.5
-GATEWAY_SEES_S = 10.0  # bound on waiting for the gateway to notice the restarted pod
 
 
 class FleetFailed(RuntimeError):
@@ -48,37 +46,21 @@ async def supervise(fleet: LocalFleet, stop: asyncio.Event) -> None:
             await asyncio.wait_for(stop.wait(), POLL_S)
 
 
-async def _gateway_epoch(fleet: LocalFleet, url: str) -> tuple[bool, int]:
-    gateway = fleet.app.state.gateway if fleet.app is not None else None
-    if gateway is None or gateway.discovery is None:
-        return True, -1
-    for status in await gateway.discovery.endpoints():
-        if status.endpoint.url == url:
-            return status.ready, status.endpoint.pod.epoch
-    return False, -1
-
-
 async def restart(fleet: LocalFleet, pod: LocalPod) -> None:
-    """Stop both processes of `pod`, start them again, wait until the gateway sees it back, warm it."""
+    """Stop both processes of `pod`, start them again requiring the snapshots it held, warm it."""
     pod.restarts += 1
     fleet.progress.restarts += 1
     fleet.progress.pods_up.discard(pod.name)
     fleet.report()
-    _, epoch_before = await _gateway_epoch(fleet, pod.layout.llama_url)
+    held = fleet.required_names(pod)
     await pod.stop()
     try:
-        await pod.start(fleet.http, fleet.agent_token, fleet.options.pod_timeout)
+        await pod.start(fleet.http, fleet.agent_token, fleet.options.pod_timeout, required=held)
     except ChildFailed as exc:
         await pod.stop()
         raise FleetFailed(f"{pod.name} did not come back: {exc}") from exc
-    # The gateway fences (purges) a restarted pod's index entries when it notices the restart; wait for
-    # that before registering the pod's snapshots again, or the purge would erase them.
-    deadline = time.monotonic() + GATEWAY_SEES_S
-    while time.monotonic() < deadline:
-        ready, epoch = await _gateway_epoch(fleet, pod.layout.llama_url)
-        if ready and epoch != epoch_before:
-            break
-        await asyncio.sleep(0.1)
+    # The gateway sees the pod again only once its agent holds `held` (its /ready), and purges the
+    # pod's old index entries before that; its snapshot resync then records what the agent holds.
     peers = fleet.warm_pods()
     me = next(p for p in peers if p.name == pod.name)
     index = fleet.index.index if fleet.index else None

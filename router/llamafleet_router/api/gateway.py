@@ -38,6 +38,7 @@ from llamafleet_router.scheduling.framework import (
     NoEndpointError,
     SchedRequest,
 )
+from llamafleet_router.snapshots import SnapshotConfig, SnapshotFlow, SnapshotMetrics
 
 log = logging.getLogger(__name__)
 
@@ -65,11 +66,14 @@ def _too_large(limit: int) -> ApiError:
 
 def decision_headers(decision: Decision) -> dict[str, str]:
     """Where the request went and why: the pod's name, the slot and the action (for operators and tests)."""
-    return {
+    headers = {
         "x-llamafleet-pod": decision.endpoint.pod.name,
         "x-llamafleet-slot": str(decision.slot),
         "x-llamafleet-action": f"{decision.action.value}/{decision.branch}",
     }
+    if decision.action is Action.RESTORE and decision.snapshot is not None:
+        headers["x-llamafleet-snapshot"] = decision.snapshot.name
+    return headers
 
 
 def fallback_decision(states: list[EndpointState]) -> Decision:
@@ -137,6 +141,32 @@ class Gateway:
         self.scheduler: SchedulerLike | None = None
         self.leases: ReplicaLeases | None = None  # when the app built the scheduler itself
         self.after: AfterResponse | None = None
+        # Snapshots (restore-on-miss, first sight): on when `enable_snapshots` was given a config.
+        self.snapshot_config: SnapshotConfig | None = None
+        self.snapshot_metrics: SnapshotMetrics | None = None
+        self._snapshots: SnapshotFlow | None = None
+
+    def enable_snapshots(self, config: SnapshotConfig | None) -> None:
+        """Turn the snapshot flow on (`SnapshotConfig.from_settings(settings)`; None leaves it off).
+        Its metrics register on the app's registry now; the flow itself is built at first use, once
+        the lifespan has set the HTTP client and the index."""
+        if config is None or self.snapshot_config is not None:
+            return
+        self.snapshot_config = config
+        self.snapshot_metrics = SnapshotMetrics(self.metrics.registry)
+
+    @property
+    def snapshots(self) -> SnapshotFlow | None:
+        config, metrics = self.snapshot_config, self.snapshot_metrics
+        ready = self.http is not None and self.after is not None
+        if self._snapshots is None and config is not None and metrics is not None and ready:
+            assert self.http is not None and self.after is not None
+            self._snapshots = SnapshotFlow(
+                http=self.http, index=self.after.index, config=config, metrics=metrics, tasks=self.tasks,
+            )
+            # A Redis that comes back empty lost the snapshot entries; the agents still hold the files.
+            self.health.on_recovered.append(self._snapshots.resync.forget_all)
+        return self._snapshots
 
     async def chat(self, request: Request) -> Response:
         return await self.infer(request, Route.CHAT)
@@ -188,12 +218,22 @@ class Gateway:
     ) -> Response:
         assert self.discovery is not None and self.http is not None and self.after is not None
         excluded: set[str] = set()
+        snapshots = self.snapshots
         for attempt in range(self.retries + 1):
             pods = await self.discovery.endpoints()
+            if snapshots is not None:
+                await snapshots.resync.ensure(pods)  # a pod seen at a new epoch: re-record its snapshots
             decision = await self._schedule(req, endpoint_states(req.model, pods, self.in_flight,
                                                                  frozenset(excluded)))
             uid, url = decision.endpoint.uid, decision.endpoint.url
             self.in_flight.begin(uid, url, decision.slot)
+            if snapshots is not None:
+                try:
+                    decision = await snapshots.prepare(req, decision, pods)
+                except BaseException:  # cancelled (client gone) while restoring or prefilling
+                    self.in_flight.end(uid, url, decision.slot)
+                    self.tasks.spawn(self.after.release(decision), name="release")
+                    raise
             self.tasks.spawn(self.after.dispatched(req, decision), name="record-dispatched")
             finish = _Finisher(self, req, decision, key, time.perf_counter())
             try:
@@ -204,6 +244,7 @@ class Gateway:
                     on_finish=finish,
                     on_first_byte=self.metrics.upstream_ttft_seconds.labels(req.model).observe,
                     extra_headers=decision_headers(decision),
+                    give_up=gone(uid) if (gone := getattr(self.discovery, "gone", None)) else None,
                 )
             except PodUnreachable as exc:
                 finish.done = True  # nothing was forwarded: give back without counting a response

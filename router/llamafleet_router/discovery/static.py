@@ -3,13 +3,18 @@
 Per pod, every `poll_interval`:
 - while UP: `GET /slots` gives the busy slots (`is_processing`). A connection error (or 503 "loading")
   marks the pod DOWN. If the slot ids or their `n_ctx` changed, the server restarted behind the same URL.
-- while DOWN: `GET /health`; on 200, `GET /props` (model name, slot count, chat template, build) and the
-  pod is UP again.
+  A pod that does not answer `/slots` within `max(3 s, 4 x poll_interval)` is hung (SIGSTOP, a stuck
+  GPU): it is marked DOWN too, so traffic moves to the others. (llama-server answers `/slots` between
+  two batches, so the bound must stay well above one batch's compute time.)
+- while DOWN: `GET /health`; on 200, and when the pod has a snapshot agent, the agent's public `/ready`
+  must answer 200 as well (a restarted pod is not routable until it holds its SharedPrefix snapshots
+  again); then `GET /props` (model name, slot count, chat template, build) and the pod is UP again.
 
-Fencing: every DOWN->UP transition (and every detected restart) starts a new epoch, so the pod's uid
-`f"{url}@{epoch}"` changes and the old uid is handed to `fence` (the app purges its index entries). A blip
-that was not a restart costs some index hints, never a wrong one. Epochs are milliseconds since 1970,
-forced to increase, so they also order restarts across router replicas roughly.
+Fencing: every DOWN->UP transition (and every detected restart) starts a new epoch and hands the old
+ref to `fence` (the app purges the pod's index entries) BEFORE the pod is visible again, so nothing
+recorded for the new epoch can be purged by the old one's fence. The uid stays the pod's URL, so that
+every router replica names a pod alike. A blip that was not a restart costs some index hints, never a
+wrong one.
 """
 
 from __future__ import annotations
@@ -54,6 +59,9 @@ class StaticDiscovery:
         startup_timeout: float = 10.0,
     ) -> None:
         self._pods = [_Pod(spec, LlamaClient(spec.url, http)) for spec in pods]
+        self._http = http
+        self._gone: dict[str, asyncio.Event] = {}
+        self._hang_after = max(3.0, 4 * poll_interval)
         self._interval = poll_interval
         self._model_name = model_name
         self._fence = fence
@@ -85,7 +93,15 @@ class StaticDiscovery:
         for pod in self._pods:
             if pod.ref is not None and pod.ref.uid == uid and pod.up:
                 log.warning("pod marked down", extra={"pod": pod.spec.url, "uid": uid})
-                pod.up = False
+                self._down(pod, "marked down by the proxy")
+
+    def gone(self, uid: str) -> asyncio.Event:
+        """Set when the pod goes DOWN from now on: requests still waiting for its first byte give up
+        and go to another pod instead of hanging with it."""
+        event = self._gone.get(uid)
+        if event is None:
+            event = self._gone[uid] = asyncio.Event()
+        return event
 
     async def poll_once(self) -> None:
         """One refresh of every pod (tests drive discovery with it instead of waiting for the loop)."""
@@ -113,9 +129,18 @@ class StaticDiscovery:
             pod.first_poll.set()
             await asyncio.sleep(self._interval)
 
+    async def _agent_ready(self, pod: _Pod) -> bool:
+        if pod.spec.agent_url is None:
+            return True
+        try:
+            resp = await self._http.get(pod.spec.agent_url.rstrip("/") + "/ready", timeout=5.0)
+        except httpx.HTTPError:
+            return False
+        return resp.status_code == 200
+
     async def _refresh(self, pod: _Pod) -> None:
         if not pod.up:
-            if not await pod.client.health():
+            if not await pod.client.health() or not await self._agent_ready(pod):
                 return
             try:
                 props = await pod.client.props()
@@ -123,7 +148,10 @@ class StaticDiscovery:
                 return
             await self._bring_up(pod, props)
         try:
-            slots = await pod.client.slots()
+            slots = await asyncio.wait_for(pod.client.slots(), timeout=self._hang_after)
+        except TimeoutError:
+            self._down(pod, "no answer to /slots in time: the pod hangs")
+            return
         except LlamaError as exc:
             if exc.status is None or exc.status == 503:
                 self._down(pod, str(exc))
@@ -148,16 +176,20 @@ class StaticDiscovery:
         # uid is the pod's URL, and a restart seen by any replica purges the pod's entries (fencing).
         # llama-server exposes no start time; `epoch` only counts the restarts this replica saw.
         epoch = old.epoch + 1 if old is not None else 0
+        if old is not None:
+            pod.up = False  # invisible until its old entries are purged
+            if self._fence is not None:
+                await self._fence(old)
         pod.ref = PodRef(name=pod.spec.url, uid=pod.spec.url, epoch=epoch)
         pod.props = PodProps.from_props(props, self._model_name)
         pod.shape = None
         pod.busy = frozenset()
         pod.up = True
         log.info("pod up", extra={"pod": pod.spec.url, "uid": pod.ref.uid, "model": pod.props.model})
-        if old is not None and self._fence is not None:
-            await self._fence(old)
 
     def _down(self, pod: _Pod, reason: str) -> None:
         if pod.up:
             log.warning("pod down", extra={"pod": pod.spec.url, "reason": reason})
         pod.up = False
+        if pod.ref is not None and (event := self._gone.pop(pod.ref.uid, None)) is not None:
+            event.set()

@@ -5,6 +5,11 @@ Rules, in order:
 1. RESTORE when restore is enabled and some snapshot restorable into this slot covers strictly more
    blocks than the slot already gives (`lookup_view.held_blocks`), and its estimated restore time beats
    computing the blocks it adds. Among such snapshots, the one with the lowest total time wins.
+   Restorable means (`usable_snapshots`): the pod has an agent (restores go through it: it checks the
+   fingerprint and the checksum), and the prompt extends the snapshot's exact text STRICTLY
+   (`SnapshotRef.extended_by` plus a longer prompt). A hybrid (recurrent) model resumes only from such
+   a snapshot, and an exact resend cannot reuse it (the last token is evaluated again). Attention-only
+   models could use a partial match up to the common prefix; they get the same rule, for simplicity.
 2. DIRECT when the slot gives at least what the best slot of the pod holds, and that is > 0 (`slot_hit`,
    or `pod_hit` on a --slot-attach build where the pod-level prefix is shared).
 3. COMPUTE otherwise (`cold`): the prefix, or the part the slot lacks, is computed on the slot.
@@ -22,6 +27,7 @@ while a cold prefill of it takes seconds on CPU and hundreds of ms on a GPU.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -58,8 +64,9 @@ class ActionChoice:
     branch: str
 
 
-def compute_seconds(blocks: int, block_chars: int, costs: ActionCosts) -> float:
-    """Estimated prefill time of `blocks` prompt blocks."""
+def compute_seconds(blocks: float, block_chars: int, costs: ActionCosts) -> float:
+    """Estimated prefill time of `blocks` prompt blocks (fractional: a snapshot's exact text may end
+    inside a block)."""
     tokens = max(blocks, 0) * block_chars / costs.chars_per_token
     return tokens / costs.prefill_tokens_per_s
 
@@ -72,6 +79,26 @@ def restore_seconds(snapshot: SnapshotRef, remote: bool, costs: ActionCosts) -> 
     return seconds
 
 
+def extends_strictly(prompt: PromptLike, snap: SnapshotRef) -> bool:
+    """Whether the prompt's text strictly extends what `snap` holds (True when either text is unknown:
+    identities without text, snapshots recorded without their text hash)."""
+    text = getattr(prompt, "text", None)
+    if not isinstance(text, str) or not snap.text_hash:
+        return True
+    return len(text) > snap.n_chars and snap.extended_by(text)
+
+
+def usable_snapshots(
+    prompt: PromptLike, endpoint: Endpoint, lookup: Lookup
+) -> Iterator[tuple[SnapshotRef, bool]]:
+    """`restorable_snapshots` that this pod can restore (it has an agent) and the prompt extends."""
+    if endpoint.agent_url is None:
+        return
+    for snap, remote in restorable_snapshots(lookup, endpoint):
+        if extends_strictly(prompt, snap):
+            yield snap, remote
+
+
 def best_restore(
     prompt: PromptLike, endpoint: Endpoint, held: int, lookup: Lookup, costs: ActionCosts
 ) -> SnapshotRef | None:
@@ -79,10 +106,13 @@ def best_restore(
     best: SnapshotRef | None = None
     best_saving = 0.0
     total = len(prompt.blocks)
-    for snap, remote in restorable_snapshots(lookup, endpoint):
-        gained = min(snap.n_blocks, total) - held
-        if gained <= 0:
+    for snap, remote in usable_snapshots(prompt, endpoint, lookup):
+        if min(snap.n_blocks, total) <= held:
             continue
+        # In blocks, but counting the snapshot's exact text past its last whole block: of two snapshots
+        # ending in the same block, the longer saves more (the session prefix beats a stage just before).
+        covered = snap.n_chars / prompt.block_chars if snap.n_chars and snap.text_hash else snap.n_blocks
+        gained = covered - held
         saving = compute_seconds(gained, prompt.block_chars, costs) - restore_seconds(snap, remote, costs)
         # Ties: prefer the local one, then the larger, then by name, so replicas agree.
         if saving > best_saving or (

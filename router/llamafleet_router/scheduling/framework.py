@@ -3,7 +3,11 @@ and the four plugin protocols.
 
 Scoring happens at SLOT level: a candidate is one idle slot of one surviving endpoint, keyed by its
 `SlotRef`. llama-server reuses a prefix only inside the slot a request is pinned to, so "which pod" is
-not enough: the pipeline must say which slot.
+not enough: the pipeline must say which slot. Not every idle slot is a candidate, though: per pod, the
+slots the index lookup names, the slots a `SlotNominator` plugin names (session affinity's last slot),
+and ONE representative of the rest (its lowest idle slot). The rest score exactly like their
+representative for every built-in scorer (nothing is known to be in them), so scoring them would only
+cost time: 32 pods of 32 slots would be 768 candidates instead of about 32 plus the hits.
 
 Collaborators are declared here as minimal Protocols (structural typing) instead of being imported from
 `llamafleet_core.index` or `llamafleet_core.prefix`: the scheduler only needs these few attributes, tests
@@ -12,7 +16,7 @@ can pass tiny fakes, and this module stays importable whatever the concrete clas
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar, runtime_checkable
 
@@ -91,14 +95,18 @@ class EndpointState:
     queue_depth: int = 0  # requests waiting on the pod (deferred tasks)
     in_flight: int = 0
     healthy: bool = True
+    # Computed once at construction: filters and scorers read it per request, often per candidate.
+    idle_slots: tuple[int, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        busy = self.busy_slots
+        idle = tuple(s for s in range(self.endpoint.n_slots) if s not in busy) if busy else tuple(
+            range(self.endpoint.n_slots))
+        object.__setattr__(self, "idle_slots", idle)
 
     @property
     def uid(self) -> str:
         return self.endpoint.pod.uid
-
-    @property
-    def idle_slots(self) -> tuple[int, ...]:
-        return tuple(s for s in range(self.endpoint.n_slots) if s not in self.busy_slots)
 
     @property
     def load(self) -> int:
@@ -146,10 +154,11 @@ class Candidate:
 
     state: EndpointState
     slot: int
+    # Built once: every scorer keys its answer by it, so a property would build it scorers x times.
+    key: SlotRef = field(init=False, repr=False, compare=False)
 
-    @property
-    def key(self) -> SlotRef:
-        return SlotRef(self.state.uid, self.slot)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "key", SlotRef(self.state.endpoint.pod.uid, self.slot))
 
     @property
     def endpoint(self) -> Endpoint:
@@ -238,6 +247,36 @@ class Picker(Protocol):
     def pick(
         self, req: SchedRequest, state: CycleState, scored: Sequence[ScoredCandidate]
     ) -> list[ScoredCandidate]: ...
+
+
+@runtime_checkable
+class PodScorer(Protocol):
+    """Optional, for scorers whose score is the same for every slot of a pod (load, free slots, the
+    degraded hash): the scheduler calls this once per request instead of `score`, and reads it per pod.
+    Must agree with `score`, which stays the reference (and what tests check)."""
+
+    def score_pods(
+        self, req: SchedRequest, state: CycleState, endpoints: Sequence[EndpointState]
+    ) -> Mapping[str, float]: ...  # pod uid -> score; a missing uid scores 0
+
+
+@runtime_checkable
+class GatedScorer(Protocol):
+    """Optional, for scorers that know in advance that they score 0 everywhere for this request (no
+    session id, the index is up for the degraded hash): the scheduler then skips `score` entirely."""
+
+    def applies(self, req: SchedRequest, state: CycleState) -> bool: ...
+
+
+@runtime_checkable
+class SlotNominator(Protocol):
+    """Optional, for scorers: slots this plugin may score above their pod's unnamed idle slots.
+
+    The scheduler scores only named slots and one representative per pod (see the module docstring), so
+    a scorer that prefers one particular slot for a reason the index does not know must name it here.
+    Must be cheap and pure."""
+
+    def nominate(self, req: SchedRequest, state: CycleState) -> Iterable[SlotRef]: ...
 
 
 @runtime_checkable

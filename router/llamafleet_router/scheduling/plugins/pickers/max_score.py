@@ -47,13 +47,13 @@ class MaxScorePicker:
     def pick(
         self, req: SchedRequest, state: CycleState, scored: Sequence[ScoredCandidate]
     ) -> list[ScoredCandidate]:
-        ordered = sorted(scored, key=lambda s: (s.candidate.state.uid, s.candidate.slot))
+        # Rounding makes totals that differ only by float summation order count as equal.
         if self.params.tie_break == "random":
-            jitter = {id(s): self._rng.random() for s in ordered}
-            return sorted(ordered, key=lambda s: (-round(s.total, 9), jitter[id(s)]))
-        # sorted() is stable: equal totals keep the (uid, slot) order. Rounding makes totals that differ
-        # only by float summation order count as equal.
-        return sorted(ordered, key=lambda s: -round(s.total, 9))
+            ordered = sorted(scored, key=lambda s: (s.candidate.key.pod_uid, s.candidate.slot))
+            jitter = [self._rng.random() for _ in ordered]
+            ranked = sorted(zip(ordered, jitter, strict=True), key=lambda p: (-round(p[0].total, 9), p[1]))
+            return [s for s, _ in ranked]
+        return sorted(scored, key=lambda s: (-round(s.total, 9), s.candidate.key.pod_uid, s.candidate.slot))
 
 
 SPEC = PluginSpec(

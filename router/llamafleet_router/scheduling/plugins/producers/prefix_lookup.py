@@ -75,7 +75,11 @@ class PrefixLookup:
 
 
 def live_only(lookup: Lookup, live: set[str]) -> Lookup:
-    """Drop slot and snapshot hits on pods that are not live now."""
+    """Drop slot and snapshot hits on pods that are not live now (the same Lookup when all are)."""
+    if all(n > 0 and ref.pod_uid in live for ref, n in lookup.slots.items()) and all(
+        s.pod_uid in live for s in lookup.snapshots
+    ):
+        return lookup  # the common case: no dict rebuilt, no SlotRef hashed again
     return Lookup(
         slots={ref: n for ref, n in lookup.slots.items() if ref.pod_uid in live and n > 0},
         snapshots=tuple(s for s in lookup.snapshots if s.pod_uid in live),

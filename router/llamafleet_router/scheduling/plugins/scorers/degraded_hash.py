@@ -9,7 +9,7 @@ Parameters:
     leading blocks instead.
 Consumes: `index_available` (from `prefix-lookup`): 0 everywhere while it is true (or absent).
 Score: 1.0 for every slot of the first pod on the ring walk from the key that is within bounded load;
-0 elsewhere.
+0 elsewhere. A `PodScorer` (asked once per pod) and a `GatedScorer` (skipped while the index is up).
 
 The key is the hash of the session prefix blocks (tools + system prompt): sessions sharing a prefix
 meet on one pod without any shared state, and every router replica computes the same answer from the
@@ -101,6 +101,9 @@ class DegradedHashScorer:
                 return name
         return walk[0] if walk else None
 
+    def applies(self, req: SchedRequest, state: CycleState) -> bool:
+        return not state.read(INDEX_AVAILABLE, True)
+
     def score(
         self, req: SchedRequest, state: CycleState, candidates: Sequence[Candidate]
     ) -> dict[SlotRef, float]:
@@ -109,6 +112,14 @@ class DegradedHashScorer:
         states = list({c.state.uid: c.state for c in candidates}.values())
         owner = self.owner(req, states)
         return {c.key: 1.0 if c.endpoint.pod.name == owner else 0.0 for c in candidates}
+
+    def score_pods(
+        self, req: SchedRequest, state: CycleState, endpoints: Sequence[EndpointState]
+    ) -> dict[str, float]:
+        if state.read(INDEX_AVAILABLE, True):
+            return {}
+        owner = self.owner(req, endpoints)
+        return {e.endpoint.pod.uid: 1.0 for e in endpoints if e.endpoint.pod.name == owner}
 
 
 SPEC = PluginSpec(

@@ -4,7 +4,8 @@ Type: `free-slots`
 Parameters: none.
 Consumes: `EndpointState.busy_slots`, `Endpoint.n_slots`.
 Score: `idle_slots / n_slots` of the candidate's pod (the same for every slot of a pod); 0 when
-`n_slots` is 0. A light weight spreads cold prefixes without overriding a prefix hit.
+`n_slots` is 0. A light weight spreads cold prefixes without overriding a prefix hit. A `PodScorer`:
+the scheduler asks it once per pod (`score_pods`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from llamafleet_core.types import SlotRef
 from llamafleet_router.scheduling.framework import (
     Candidate,
     CycleState,
+    EndpointState,
     PluginHandle,
     PluginParams,
     PluginSpec,
@@ -37,11 +39,17 @@ class FreeSlotsScorer:
     def score(
         self, req: SchedRequest, state: CycleState, candidates: Sequence[Candidate]
     ) -> dict[SlotRef, float]:
-        out: dict[SlotRef, float] = {}
-        for c in candidates:
-            n = c.endpoint.n_slots
-            out[c.key] = len(c.state.idle_slots) / n if n > 0 else 0.0
-        return out
+        return {c.key: _free(c.state) for c in candidates}
+
+    def score_pods(
+        self, req: SchedRequest, state: CycleState, endpoints: Sequence[EndpointState]
+    ) -> dict[str, float]:
+        return {e.endpoint.pod.uid: _free(e) for e in endpoints}
+
+
+def _free(e: EndpointState) -> float:
+    n = e.endpoint.n_slots
+    return len(e.idle_slots) / n if n > 0 else 0.0
 
 
 SPEC = PluginSpec(

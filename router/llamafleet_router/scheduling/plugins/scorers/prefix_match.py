@@ -5,7 +5,7 @@ Parameters: none.
 Consumes: `lookup` (from `prefix-lookup`).
 Score: `held / total` where `total = len(prompt.blocks)` and `held` is the leading blocks this slot holds
 (on a --slot-attach build, what any slot of the pod holds, since the pod shares it). 0 for an empty
-prompt or an empty lookup (index down: the degraded hash takes over).
+prompt or an empty lookup (index down: the degraded hash takes over); a `GatedScorer`, skipped then.
 
 A candidate on a pod where another (busy) slot holds more gets only its own slot's share here; the
 path of restoring a snapshot into it is scored by `snapshot-match`.
@@ -40,6 +40,9 @@ class PrefixMatchScorer:
         PluginParams.model_validate(params)
         return cls(name)
 
+    def applies(self, req: SchedRequest, state: CycleState) -> bool:
+        return bool(req.prompt.blocks) and bool(state.read(LOOKUP, Lookup()).slots)
+
     def score(
         self, req: SchedRequest, state: CycleState, candidates: Sequence[Candidate]
     ) -> dict[SlotRef, float]:
@@ -47,7 +50,19 @@ class PrefixMatchScorer:
         lookup = state.read(LOOKUP, Lookup())
         if total == 0 or not lookup.slots:
             return {c.key: 0.0 for c in candidates}
-        return {c.key: min(held_blocks(lookup, c.endpoint, c.slot), total) / total for c in candidates}
+        slots = lookup.slots
+        pod_best: dict[str, int] = {}  # --slot-attach pods: computed once per pod, not per candidate
+        out: dict[SlotRef, float] = {}
+        for c in candidates:
+            if c.endpoint.attach:
+                uid = c.endpoint.pod.uid
+                held = pod_best.get(uid)
+                if held is None:
+                    held = pod_best[uid] = held_blocks(lookup, c.endpoint, c.slot)
+            else:
+                held = slots.get(c.key, 0)  # held_blocks without building a SlotRef
+            out[c.key] = min(held, total) / total
+        return out
 
 
 SPEC = PluginSpec(

@@ -3,7 +3,8 @@
 Type: `queue-depth`
 Parameters: none.
 Consumes: `EndpointState.queue_depth` (requests deferred on the pod).
-Score: `1 / (1 + queue_depth)`: 1 with an empty queue, halving at one waiting request.
+Score: `1 / (1 + queue_depth)`: 1 with an empty queue, halving at one waiting request. A `PodScorer`:
+the scheduler asks it once per pod (`score_pods`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from llamafleet_core.types import SlotRef
 from llamafleet_router.scheduling.framework import (
     Candidate,
     CycleState,
+    EndpointState,
     PluginHandle,
     PluginParams,
     PluginSpec,
@@ -36,7 +38,16 @@ class QueueDepthScorer:
     def score(
         self, req: SchedRequest, state: CycleState, candidates: Sequence[Candidate]
     ) -> dict[SlotRef, float]:
-        return {c.key: 1.0 / (1.0 + max(c.state.queue_depth, 0)) for c in candidates}
+        return {c.key: _queue(c.state) for c in candidates}
+
+    def score_pods(
+        self, req: SchedRequest, state: CycleState, endpoints: Sequence[EndpointState]
+    ) -> dict[str, float]:
+        return {e.endpoint.pod.uid: _queue(e) for e in endpoints}
+
+
+def _queue(e: EndpointState) -> float:
+    return 1.0 / (1.0 + max(e.queue_depth, 0))
 
 
 SPEC = PluginSpec(

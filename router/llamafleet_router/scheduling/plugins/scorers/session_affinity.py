@@ -5,6 +5,8 @@ Parameters:
   - `max_sessions` (int, default 100000): bound of the LRU map session_id -> (pod uid, slot).
   - `pod_score` (float in [0, 1], default 0.5): score of another slot on the session's last pod.
 Consumes: `SchedRequest.session_id`; its own map, updated by `on_decision` after every decision.
+Nominates the session's last slot, so the scheduler scores it even when the index does not name it,
+and is a `GatedScorer`: skipped for a request without a known session.
 Score: 1.0 for the slot that last served this session, `pod_score` for other slots of that pod, 0
 otherwise (and 0 everywhere without a session id).
 
@@ -16,7 +18,7 @@ that is fine because the prefix index, not this map, is the shared truth.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, ClassVar
 
 from pydantic import Field
@@ -69,6 +71,14 @@ class SessionAffinityScorer:
             else:
                 out[c.key] = 0.0
         return out
+
+    def applies(self, req: SchedRequest, state: CycleState) -> bool:
+        return req.session_id is not None and req.session_id in self._last
+
+    def nominate(self, req: SchedRequest, state: CycleState) -> Iterable[SlotRef]:
+        """The session's last slot: it may hold the whole conversation without the index knowing."""
+        last = self._last.get(req.session_id) if req.session_id is not None else None
+        return () if last is None else (last,)
 
     def on_decision(self, req: SchedRequest, decision: Decision) -> None:
         if req.session_id is None:

@@ -9,8 +9,10 @@ Parameters:
 Consumes: `lookup` (from `prefix-lookup`) and `restore_enabled` (set by the scheduler from the config's
 `decision.restore_enabled`; 0 everywhere when false).
 Score: `max(discount * snapshot_blocks / total)` over snapshots restorable into the candidate that cover
-strictly more blocks than the slot already gives; 0 if none. Whether the restore is actually worth it
-is decided after the pick by the cost model (`decide.py`).
+strictly more blocks than the slot already gives; 0 if none. Restorable: the candidate's pod has an
+agent and the prompt strictly extends the snapshot's exact text (`decide.usable_snapshots`, the rule
+the action choice applies too, so a scored snapshot is one that may really be restored). Whether the
+restore is actually worth it is decided after the pick by the cost model (`decide.py`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any, ClassVar
 from pydantic import Field
 
 from llamafleet_core.types import Lookup, SlotRef
+from llamafleet_router.scheduling.decide import extends_strictly
 from llamafleet_router.scheduling.framework import (
     LOOKUP,
     RESTORE_ENABLED,
@@ -57,9 +60,13 @@ class SnapshotMatchScorer:
         lookup = state.read(LOOKUP, Lookup())
         if total == 0 or not lookup.snapshots or not state.read(RESTORE_ENABLED, True):
             return {c.key: 0.0 for c in candidates}
-        return {c.key: self._one(c, lookup, total) for c in candidates}
+        # The exact-text check hashes up to the whole prompt: once per snapshot, not per candidate.
+        usable = Lookup(lookup.slots, tuple(s for s in lookup.snapshots if extends_strictly(req.prompt, s)))
+        return {c.key: self._one(c, usable, total) for c in candidates}
 
     def _one(self, c: Candidate, lookup: Lookup, total: int) -> float:
+        if c.endpoint.agent_url is None:
+            return 0.0
         held = held_blocks(lookup, c.endpoint, c.slot)
         best = 0.0
         for snap, remote in restorable_snapshots(lookup, c.endpoint):

@@ -1,0 +1,167 @@
+"""The fleet the fault scenarios run on: `llamafleet up` (LocalFleet) with small, fast settings.
+
+Two pods of two slots each, the tiny dense model, one thread per llama-server, a SharedPrefix of a few
+thousand characters warmed on both, an embedded (killable) redis-server, restarts on. The gateway's
+snapshot flow is turned on with the fleet's agent token (restore-on-miss and first sight), so faults hit
+the full request path. Everything listens on loopback only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import os
+import signal
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from llamafleet_core.prefix import ChatTemplate, chat_identity
+from llamafleet_core.types import SlotRef
+from llamafleet_local.reliability.client import QUESTIONS, chat_body
+from llamafleet_local.reliability.outcome import SUCCEEDED, Sent, agreement, parse_json
+from llamafleet_local.up import FleetConfig, LocalFleet, UpOptions, parse_documents
+from llamafleet_local.up.pods import LocalPod
+from llamafleet_local.up.progress import Reporter
+from llamafleet_local.up.supervise import FleetFailed
+from llamafleet_router.snapshots import SnapshotConfig
+
+FLEET = "rel"
+PREFIX = "rules"
+SYSTEM = " ".join(
+    f"Rule {i}: keep answers short, cite files by path, and never guess a number." for i in range(40))
+
+
+def fleet_documents(binary: Path | None, *, replicas: int = 2, slots: int = 2,
+                    model: str = "tiny-dense") -> list[dict[str, Any]]:
+    local: dict[str, Any] = {"model": model, "threads": 1}
+    if binary is not None:
+        local["llamaServer"] = str(binary)
+    fleet = {
+        "apiVersion": "llamafleet.io/v1alpha1", "kind": "LlamaFleet", "metadata": {"name": FLEET},
+        "spec": {"model": {"name": model, "file": f"{model}.gguf", "source": {"hostPath": "/models"}},
+                 "image": "local", "replicas": replicas, "slots": slots, "contextPerSlot": 4096},
+        "local": local,
+    }
+    prefix = {
+        "apiVersion": "llamafleet.io/v1alpha1", "kind": "SharedPrefix", "metadata": {"name": PREFIX},
+        "spec": {"fleetRef": {"name": FLEET}, "messages": [{"role": "system", "content": SYSTEM}]},
+    }
+    return [fleet, prefix]
+
+
+def fleet_config(binary: Path | None, **kwargs: Any) -> FleetConfig:
+    return parse_documents(fleet_documents(binary, **kwargs), "reliability fleet", Path.cwd())
+
+
+@dataclass
+class Bed:
+    fleet: LocalFleet
+    http: httpx.AsyncClient
+    log: io.StringIO  # what `up` would have printed on stderr
+
+    @property
+    def model(self) -> str:
+        return self.fleet.model
+
+    @property
+    def url(self) -> str:
+        return self.fleet.gateway_url
+
+    @property
+    def gateway(self) -> Any:
+        return self.fleet.app.state.gateway
+
+    def pod(self, i: int) -> LocalPod:
+        return self.fleet.pods[i]
+
+    def body(self, i: int, *, stream: bool = True, max_tokens: int = 12,
+             system: str = SYSTEM) -> dict[str, Any]:
+        return chat_body(self.model, system, QUESTIONS[i % len(QUESTIONS)], stream=stream,
+                         max_tokens=max_tokens)
+
+    async def pod_entries(self, uid: str, bodies: Sequence[dict[str, Any]]) -> int:
+        """Index entries naming pod `uid`: its snapshots plus its slots holding any of `bodies`' chains."""
+        assert self.fleet.index is not None
+        index = self.fleet.index.index
+        count = len(await index.snapshots(self.model, uid))
+        for chain in await self.chains(bodies):
+            found = await index.lookup(self.model, chain)
+            count += sum(1 for ref in found.slots if ref.pod_uid == uid)
+        return count
+
+    async def chains(self, bodies: Sequence[dict[str, Any]]) -> list[tuple[str, ...]]:
+        props = (await self.http.get(self.pod(0).layout.llama_url + "/props")).json()
+        template = ChatTemplate.from_props(props)
+        return [tuple(chat_identity(b, template, model=self.model).blocks) for b in bodies]
+
+    async def pod_ready(self, i: int) -> bool:
+        """Whether the gateway's discovery routes to pod `i` now."""
+        url = self.pod(i).layout.llama_url
+        return any(p.ready for p in await self.gateway.discovery.endpoints() if p.endpoint.url == url)
+
+    async def references(self, max_tokens: int, system: str = SYSTEM) -> dict[str, str]:
+        """Each question's greedy answer computed cold (no prompt cache) on pod 0: what a restore must
+        reproduce."""
+        refs: dict[str, str] = {}
+        for q in QUESTIONS:
+            body = {**chat_body(self.model, system, q, stream=False, max_tokens=max_tokens),
+                    "cache_prompt": False}
+            resp = await self.http.post(self.pod(0).layout.llama_url + "/v1/chat/completions", json=body)
+            refs[q] = parse_json(resp.content)[1]
+        return refs
+
+    def wrongly_restored(self, results: Sequence[Sent], refs: dict[str, str]) -> int:
+        """Answers served after a restore whose text is not the cold run's (a wrong KV state diverges
+        from the first token; batching noise never moves half of the answer)."""
+        return sum(1 for r in results if r.restored and r.verdict == SUCCEEDED
+                   and agreement(r.text, refs[QUESTIONS[r.n % len(QUESTIONS)]]) < 0.5)
+
+    async def slot_holders(self) -> list[tuple[SlotRef, str | None]]:
+        leases = self.fleet.index.leases if self.fleet.index else None
+        assert leases is not None
+        return [(ref, await leases.holder(ref)) for pod in self.fleet.pods
+                for ref in (SlotRef(pod.layout.llama_url, s) for s in range(2))]
+
+
+@contextlib.asynccontextmanager
+async def running_fleet(binary: Path | None, run_dir: Path, *, snapshots: bool = True,
+                        ready_timeout: float = 180.0, **kwargs: Any) -> AsyncIterator[Bed]:
+    """Start the fleet, wait until it is ready, keep it whole (restarts) while the caller works."""
+    log = io.StringIO()
+    fleet = LocalFleet(fleet_config(binary, **kwargs),
+                       UpOptions(port=0, run_dir=run_dir, restart=True, max_restarts=3, pod_timeout=60.0),
+                       Reporter(log))
+    async with fleet, httpx.AsyncClient(timeout=httpx.Timeout(60.0)) as http:
+        await fleet.wait_ready(ready_timeout)
+        if snapshots:
+            fleet.app.state.gateway.enable_snapshots(SnapshotConfig(token=fleet.agent_token))
+        stop = asyncio.Event()
+        keeper = asyncio.create_task(fleet.run_until(stop), name="supervise")
+        try:
+            yield Bed(fleet, http, log)
+        finally:
+            stop.set()
+            with contextlib.suppress(FleetFailed, asyncio.CancelledError):
+                await asyncio.wait_for(keeper, 120)
+
+
+def kill(pid: int | None, sig: signal.Signals = signal.SIGKILL) -> None:
+    if pid is not None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
+
+async def until(check: Any, limit: float, every: float = 0.05) -> float | None:
+    """Seconds until the async `check()` was true, or None after `limit` seconds."""
+    started = time.monotonic()
+    while time.monotonic() - started < limit:
+        if await check():
+            return time.monotonic() - started
+        await asyncio.sleep(every)
+    return None

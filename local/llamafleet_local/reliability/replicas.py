@@ -1,0 +1,89 @@
+"""A second gateway replica over the same pods and Redis, killed with SIGKILL mid-workload.
+
+The second replica is a real `llamafleet router` process (so that SIGKILL is a real kill: its sockets
+close, its Redis slot leases stay behind until their TTL), configured like `up`'s own gateway. Clients
+alternate between the two and retry a request that got no answer on the other replica.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from llamafleet_local.redis_server import free_port
+from llamafleet_local.reliability.bed import Bed, kill, until
+from llamafleet_local.reliability.client import Load
+from llamafleet_local.reliability.outcome import ScenarioResult
+
+ROUTER = [sys.executable, "-m", "llamafleet_local.cli", "router"]
+
+
+def start_replica(
+    bed: Bed, log: Path, env: dict[str, str] | None = None,
+) -> tuple[subprocess.Popen[bytes], str]:
+    """`llamafleet router` over the fleet's pods and Redis (`env`: more `LLAMAFLEET_ROUTER_*` settings);
+    returns the process and its URL."""
+    fleet = bed.fleet
+    assert fleet.index is not None and fleet.index.redis_url is not None
+    port = free_port()
+    pods = ",".join(f"{p.layout.llama_url}|{p.layout.agent_url}" for p in fleet.pods)
+    env = {**os.environ, "LLAMAFLEET_ROUTER_AGENT_TOKEN_FILE": str(fleet.token_file),
+           "LLAMAFLEET_ROUTER_POLL_INTERVAL": "0.5", "LLAMAFLEET_ROUTER_INDEX_PING_INTERVAL": "0.5",
+           **(env or {})}
+    argv = [*ROUTER, "--pods", pods, "--redis", fleet.index.redis_url, "--host", "127.0.0.1",
+            "--port", str(port), "--model-name", fleet.model]
+    with log.open("ab") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+async def kill_gateway(bed: Bed) -> ScenarioResult:
+    """Two replicas; clients alternate and retry on the other; replica B is SIGKILLed mid-workload."""
+    r = ScenarioResult("kill -9 gateway replica",
+                       "SIGKILL one of 2 gateway replicas; clients retry on the other")
+    started = time.monotonic()
+    proc, url_b = start_replica(bed, bed.fleet.run_dir / "gateway-b.log")
+    try:
+        async def healthy() -> bool:
+            try:
+                return (await bed.http.get(url_b + "/health", timeout=2.0)).status_code == 200
+            except Exception:
+                return False
+
+        up_s = await until(healthy, 30.0, every=0.1)
+        r.checks["replica_up_s"] = None if up_s is None else round(up_s, 2)
+        if up_s is None:
+            r.problems.append("the second replica did not become healthy within 30s")
+            return r
+        body = lambda i: bed.body(i, stream=i % 4 != 3, max_tokens=32)  # noqa: E731
+        load = Load(bed.http, [bed.url, url_b], body, count=400, concurrency=4, timeout=30.0, attempts=2)
+        running = asyncio.create_task(load.run())
+        await load.wait_done(10)
+        killed_at = time.monotonic()
+        kill(proc.pid)
+        await asyncio.to_thread(proc.wait, 10)
+        await asyncio.sleep(3.0)
+        load.stop.set()
+        results = await running
+    finally:
+        if proc.poll() is None:
+            kill(proc.pid)
+            proc.wait(10)
+    r.add(results)
+    r.finish()
+    r.seconds = time.monotonic() - started
+    retried = [s for s in results if s.attempts > 1]
+    r.checks.update({
+        "retried_on_other_replica": len(retried),
+        "answered_by_b_before_kill": sum(1 for s in results if s.gateway == url_b and s.ended < killed_at),
+        "answered_after_kill": sum(1 for s in results if s.ended > killed_at),
+        "longest_s": round(max((s.ended - s.started for s in results), default=0.0), 2),
+    })
+    r.expect(r.lost == 0 and r.other_failed == 0,
+             f"{r.other_failed} failed and {r.lost} lost with one replica killed")
+    r.expect(bool(retried), "no request needed a retry: the kill did not hit the workload")
+    return r

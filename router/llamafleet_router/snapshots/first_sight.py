@@ -1,0 +1,177 @@
+"""First sight of a session prefix: prefill it alone, in stages, saving a snapshot at each stage.
+
+    tokenize the session prefix on the pod (`/tokenize` with pieces: exact char offsets per token)
+    -> for each stage point k1 < k2 < ... (see `cuts.stage_points`, plus a divergence point):
+         prefill tokens[:k] into the leased slot (`n_predict: 0`: the slot then holds exactly them),
+         save through the agent (which checks the slot holds exactly those tokens), record in the index
+    -> prefill the whole session prefix, save it as `fs-...`, record it
+    -> the caller forwards the full request pinned to the same slot, which extends it.
+
+Each stage extends the previous one strictly, so even a hybrid model computes every token once. Saves
+take milliseconds; the prefill is what a cold request would have cost anyway.
+
+`Flights` makes this single-flight inside one router replica: a request whose session prefix is being
+built by another request waits for that snapshot and restores it instead of computing the same tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from llamafleet_core.agent_client import AgentClient, AgentError
+from llamafleet_core.index.base import PrefixIndex
+from llamafleet_core.llama_client import LlamaClient, LlamaError
+from llamafleet_core.types import Endpoint, SnapshotRef, exact_text_hash
+from llamafleet_router.snapshots.base import SnapshotConfig, SnapshotMetrics, failure_kind
+from llamafleet_router.snapshots.cuts import piece_offsets, snapshot_name, stage_points, tokens_at
+
+log = logging.getLogger(__name__)
+
+_PREFILL_TIMEOUT_S = 900.0  # a long prefix on a slow pod; the slot lease outlives it
+
+
+class Flights:
+    """In-process single flight keyed by (model, exact text hash of the session prefix)."""
+
+    def __init__(self) -> None:
+        self._running: dict[tuple[str, str], asyncio.Future[SnapshotRef | None]] = {}
+
+    def join(self, key: tuple[str, str]) -> tuple[bool, asyncio.Future[SnapshotRef | None]]:
+        """(True, future) for the new leader, who must call `finish`; (False, future) for a waiter."""
+        running = self._running.get(key)
+        if running is not None and not running.done():
+            return False, running
+        future: asyncio.Future[SnapshotRef | None] = asyncio.get_running_loop().create_future()
+        self._running[key] = future
+        return True, future
+
+    def finish(self, key: tuple[str, str], result: SnapshotRef | None) -> None:
+        future = self._running.pop(key, None)
+        if future is not None and not future.done():
+            future.set_result(result)
+
+    def __len__(self) -> int:
+        return len(self._running)
+
+
+@dataclass(frozen=True, slots=True)
+class Prompt:
+    """What first sight needs of a request's identity."""
+
+    model: str
+    text: str
+    blocks: tuple[str, ...]
+    session_chars: int
+
+
+async def tokenize_pieces(http: httpx.AsyncClient, url: str, text: str) -> tuple[list[int], list[Any]]:
+    """Token ids and pieces of `text` on the pod, with special tokens parsed (as the chat path does)."""
+    body = {"content": text, "add_special": True, "parse_special": True, "with_pieces": True}
+    try:
+        resp = await http.post(url.rstrip("/") + "/tokenize", json=body, timeout=120.0)
+    except httpx.HTTPError as exc:
+        raise LlamaError(f"POST /tokenize: {type(exc).__name__}: {exc}") from exc
+    if resp.status_code >= 400:
+        raise LlamaError(f"POST /tokenize: {resp.status_code}", resp.status_code)
+    items = resp.json()["tokens"]
+    return [int(t["id"]) for t in items], [t.get("piece") for t in items]
+
+
+class StagedPrefill:
+    def __init__(
+        self, *, http: httpx.AsyncClient, index: PrefixIndex, config: SnapshotConfig,
+        metrics: SnapshotMetrics,
+    ) -> None:
+        self._http = http
+        self._index = index
+        self._config = config
+        self._metrics = metrics
+
+    async def build(
+        self, prompt: Prompt, target: Endpoint, slot: int, *, start_tokens: int, extra_cuts: Sequence[int],
+        known: frozenset[tuple[str, int]],
+    ) -> SnapshotRef | None:
+        """Prefill the session prefix into `slot` in stages and snapshot it; the `fs-` snapshot or None.
+
+        `start_tokens`: what the slot already holds of it (a restored stage snapshot), so stages at or
+        before it are skipped. `known`: (text_hash, n_chars) of snapshots the index already has; they are
+        not saved again. Failures are logged and counted; the slot then holds whatever was prefilled."""
+        assert target.agent_url is not None
+        session = prompt.text[: prompt.session_chars]
+        llama = LlamaClient(target.url, self._http)
+        agent = AgentClient(target.agent_url, self._http, self._config.token)
+        try:
+            tokens, pieces = await tokenize_pieces(self._http, target.url, session)
+        except (LlamaError, KeyError, ValueError, TypeError) as exc:
+            self._fail("tokenize", "llama", str(exc))
+            return None
+        ends = piece_offsets(session, pieces)
+        cuts: list[tuple[int, int]] = []  # (chars, tokens)
+        points: list[int] = []
+        if ends is not None:
+            cfg = self._config
+            points = stage_points(prompt.text, prompt.session_chars, min_chars=cfg.first_sight_min_chars,
+                                  min_gap=cfg.min_gap, limit=cfg.stages)
+            for chars in sorted({*points, *extra_cuts}):
+                n = tokens_at(ends, chars)
+                if n is not None and start_tokens < n < len(tokens) and chars >= self._config.block_chars:
+                    cuts.append((chars, n))
+        done = start_tokens
+        for chars, n in cuts:
+            kind = "dv" if chars in extra_cuts and chars not in points else "st"
+            if (exact_text_hash(prompt.text[:chars]), chars) in known:
+                continue
+            if not await self._prefill(llama, tokens[:n], slot):
+                return None
+            done = n
+            await self._save(agent, prompt, target, slot, kind, chars, tokens[:n])
+        if done < len(tokens) and not await self._prefill(llama, tokens, slot):
+            return None
+        return await self._save(agent, prompt, target, slot, "fs", prompt.session_chars, tokens)
+
+    async def _prefill(self, llama: LlamaClient, tokens: list[int], slot: int) -> bool:
+        try:
+            await llama.prefill(tokens, slot, timeout=_PREFILL_TIMEOUT_S)
+        except LlamaError as exc:
+            self._fail("prefill", "llama", str(exc))
+            return False
+        return True
+
+    async def _save(
+        self, agent: AgentClient, prompt: Prompt, target: Endpoint, slot: int, kind: str, chars: int,
+        tokens: list[int],
+    ) -> SnapshotRef | None:
+        text_hash = exact_text_hash(prompt.text[:chars])
+        name = snapshot_name(kind, text_hash, chars)
+        blocks = list(prompt.blocks[: chars // self._config.block_chars])
+        if not blocks:
+            return None
+        try:
+            manifest = await agent.save(slot, name, blocks=blocks, block_chars=self._config.block_chars,
+                                        tokens=tokens, n_chars=chars, text_hash=text_hash)
+        except AgentError as exc:
+            self._fail("save", failure_kind(exc.kind, exc.status), exc.reason)
+            return None
+        ref = SnapshotRef(
+            name=name, pod_uid=target.uid, n_blocks=len(blocks), n_tokens=manifest.n_tokens,
+            size_bytes=manifest.size, last_block=blocks[-1], n_chars=chars, text_hash=text_hash,
+        )
+        self._metrics.saves.labels(kind).inc()
+        try:
+            await self._index.record_snapshot(prompt.model, ref, blocks)
+        except Exception as exc:  # the file exists; a later resync records it
+            self._fail("record", "index", str(exc))
+        log.info("snapshot saved", extra={"snapshot": name, "kind": kind, "pod": target.url, "slot": slot,
+                                          "n_tokens": manifest.n_tokens, "bytes": manifest.size})
+        return ref
+
+    def _fail(self, op: str, kind: str, reason: str) -> None:
+        self._metrics.failures.labels(op, kind).inc()
+        log.warning("first-sight snapshot step failed",
+                    extra={"op": op, "kind": kind, "reason": reason[:300]})

@@ -1,0 +1,194 @@
+"""What the gateway does with the leased slot before it forwards a request: `SnapshotFlow.prepare`.
+
+1. RESTORE decided (decide.py): pull the snapshot from its pod if needed, restore it into the slot. On
+   any failure the decision becomes COMPUTE (branch `restore_failed`) and the request goes on.
+2. First sight: when the request's session prefix is long enough, is strictly shorter than the prompt,
+   the slot does not already hold it and no snapshot in the fleet holds it exactly, then
+   - if another request of this replica is already building it: wait for that snapshot and restore it
+     (branch `first_sight_wait`);
+   - else build it (staged prefill and saves, `first_sight.StagedPrefill`) in the leased slot, on top
+     of what step 1 restored (a next-day session resumes from the stage before the date line), and
+     forward with the slot holding it (branch `first_sight`). Divergence points: when some slot holds
+     only the first k blocks of this session prefix (another prompt parted from it there), a snapshot
+     is also saved at the last safe cut at or before block k, for the sessions that part there later.
+`prepare` never raises (except cancellation): the index is a hint and the request must be served.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+
+import httpx
+
+from llamafleet_core.index.base import PrefixIndex
+from llamafleet_core.types import Action, Lookup, SnapshotRef, exact_text_hash
+from llamafleet_router.background import TaskSet
+from llamafleet_router.discovery.base import PodStatus
+from llamafleet_router.scheduling.framework import ANY_SLOT, Decision, SchedRequest
+from llamafleet_router.snapshots.base import SnapshotConfig, SnapshotMetrics
+from llamafleet_router.snapshots.cuts import divergence_point
+from llamafleet_router.snapshots.first_sight import Flights, Prompt, StagedPrefill
+from llamafleet_router.snapshots.restore import Restored, RestoreExecutor
+from llamafleet_router.snapshots.resync import Resync
+
+log = logging.getLogger(__name__)
+
+_KNOWN_TTL_S = 10.0  # how long "the fleet has a snapshot of this prefix" is trusted without a lookup
+_KNOWN_MAX = 4096
+
+
+class SnapshotFlow:
+    def __init__(
+        self, *, http: httpx.AsyncClient, index: PrefixIndex, config: SnapshotConfig,
+        metrics: SnapshotMetrics, tasks: TaskSet,
+    ) -> None:
+        self.config = config
+        self.metrics = metrics
+        self._index = index
+        self.restorer = RestoreExecutor(http=http, index=index, token=config.token, metrics=metrics,
+                                        tasks=tasks)
+        self.staged = StagedPrefill(http=http, index=index, config=config, metrics=metrics)
+        self.resync = Resync(http=http, index=index, config=config, metrics=metrics)
+        self.flights = Flights()
+        self._tasks = tasks
+        self._known: dict[tuple[str, str], float] = {}
+
+    async def prepare(self, req: SchedRequest, decision: Decision, pods: Sequence[PodStatus]) -> Decision:
+        try:
+            return await self._prepare(req, decision, pods)
+        except Exception:
+            log.exception("snapshot preparation failed; forwarding as decided")
+            return decision
+
+    async def _prepare(self, req: SchedRequest, decision: Decision, pods: Sequence[PodStatus]) -> Decision:
+        target = decision.endpoint
+        if decision.slot == ANY_SLOT or decision.branch == "queued" or target.agent_url is None:
+            return decision
+        agents = {p.endpoint.uid: p.endpoint.agent_url for p in pods if p.endpoint.agent_url}
+        restored: Restored | None = None
+        failed: SnapshotRef | None = None
+        if decision.action is Action.RESTORE and decision.snapshot is not None:
+            outcome = await self.restorer.restore(req.model, req.prompt.blocks, target, decision.slot,
+                                                  decision.snapshot, agents)
+            if isinstance(outcome, Restored):
+                restored = outcome
+            else:
+                failed = decision.snapshot
+                decision = replace(decision, action=Action.COMPUTE, snapshot=None, predicted_blocks=0,
+                                   branch="restore_failed")
+        prompt = _prompt(req)
+        if prompt is None or not self._worth_first_sight(prompt, decision, restored):
+            return decision
+        session_hash = exact_text_hash(prompt.text[: prompt.session_chars])
+        key = (prompt.model, session_hash)
+        if restored is not None and (restored.snapshot.text_hash, restored.snapshot.n_chars) == (
+            session_hash, prompt.session_chars
+        ):
+            return decision
+        if failed is None and self._is_known(key):
+            return decision
+        try:
+            lookup = await self._index.lookup(prompt.model, prompt.blocks)
+        except Exception as exc:  # no index: no first sight (nothing could find the snapshot anyway)
+            log.info("index lookup for first sight failed", extra={"error": str(exc)})
+            return decision
+        exact = [s for s in lookup.snapshots
+                 if s.text_hash == session_hash and s.n_chars == prompt.session_chars]
+        if exact and (failed is None or any(s != failed for s in exact)):
+            self._remember(key)
+            return decision
+        leader, flight = self.flights.join(key)
+        if not leader:
+            return await self._wait(req, decision, flight, agents)
+        self.metrics.first_sight.labels("leader").inc()
+        started = time.perf_counter()
+        extra = self._divergence_cuts(prompt, lookup)
+        known = frozenset((s.text_hash, s.n_chars) for s in lookup.snapshots if s != failed)
+        build = asyncio.ensure_future(self.staged.build(
+            prompt, target, decision.slot, start_tokens=restored.n_tokens if restored else 0,
+            extra_cuts=extra, known=known,
+        ))
+        # The build goes on if this request is cancelled (client gone): waiters still get the snapshot.
+        build.add_done_callback(lambda t: self.flights.finish(key, _result(t)))
+        ref = await asyncio.shield(build)
+        self.metrics.first_sight_seconds.observe(time.perf_counter() - started)
+        if ref is None:
+            return decision
+        self._remember(key)
+        session_blocks = prompt.session_chars // self.config.block_chars
+        if restored is not None:  # built on top of a restored stage snapshot: say which one
+            return replace(decision, action=Action.RESTORE, snapshot=restored.snapshot,
+                           predicted_blocks=session_blocks, branch="restore_first_sight")
+        return replace(decision, action=Action.COMPUTE, snapshot=None, predicted_blocks=session_blocks,
+                       branch="first_sight")
+
+    def _worth_first_sight(self, prompt: Prompt, decision: Decision, restored: Restored | None) -> bool:
+        if prompt.session_chars < self.config.first_sight_min_chars:
+            return False
+        # An exact resend of a snapshot gains nothing on a hybrid model (the last token is always
+        # evaluated again, and recurrent state cannot step back): the prompt must extend the prefix.
+        if prompt.session_chars >= len(prompt.text):
+            return False
+        session_blocks = prompt.session_chars // self.config.block_chars
+        # The slot already holds the session prefix (a later turn): nothing to build.
+        return restored is not None or decision.predicted_blocks < session_blocks
+
+    async def _wait(
+        self, req: SchedRequest, decision: Decision, flight: asyncio.Future[SnapshotRef | None],
+        agents: dict[str, str],
+    ) -> Decision:
+        self.metrics.first_sight.labels("waiter").inc()
+        try:
+            ref = await asyncio.wait_for(asyncio.shield(flight), self.config.first_sight_wait_s)
+        except TimeoutError:
+            ref = None
+        if ref is None:
+            return decision
+        outcome = await self.restorer.restore(req.model, req.prompt.blocks, decision.endpoint, decision.slot,
+                                              ref, agents)
+        if not isinstance(outcome, Restored):
+            return replace(decision, action=Action.COMPUTE, snapshot=None, predicted_blocks=0,
+                           branch="restore_failed")
+        return replace(decision, action=Action.RESTORE, snapshot=outcome.snapshot,
+                       predicted_blocks=ref.n_blocks, branch="first_sight_wait")
+
+    def _divergence_cuts(self, prompt: Prompt, lookup: Lookup) -> list[int]:
+        """A cut where this session prefix stops matching what some slot holds (see the docstring)."""
+        session_blocks = prompt.session_chars // self.config.block_chars
+        shared = [n for n in lookup.slots.values() if 0 < n < session_blocks]
+        if not shared:
+            return []
+        cut = divergence_point(prompt.text, max(shared) * self.config.block_chars,
+                               min_chars=self.config.first_sight_min_chars)
+        return [cut] if cut is not None else []
+
+    def _is_known(self, key: tuple[str, str]) -> bool:
+        deadline = self._known.get(key)
+        return deadline is not None and deadline > time.monotonic()
+
+    def _remember(self, key: tuple[str, str]) -> None:
+        if len(self._known) >= _KNOWN_MAX:
+            now = time.monotonic()
+            self._known = {k: d for k, d in self._known.items() if d > now}
+            if len(self._known) >= _KNOWN_MAX:
+                self._known.clear()
+        self._known[key] = time.monotonic() + _KNOWN_TTL_S
+
+
+def _prompt(req: SchedRequest) -> Prompt | None:
+    """The exact text and session cut, when the identity has them (PromptIdentity does)."""
+    text = getattr(req.prompt, "text", None)
+    session = getattr(req.prompt, "session_prefix_chars", None)
+    if not isinstance(text, str) or not isinstance(session, int):
+        return None
+    return Prompt(req.model, text, tuple(req.prompt.blocks), session)
+
+
+def _result(task: asyncio.Future[SnapshotRef | None]) -> SnapshotRef | None:
+    if task.cancelled() or task.exception() is not None:
+        return None
+    return task.result()

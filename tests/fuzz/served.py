@@ -1,0 +1,107 @@
+"""A gateway over a fake pod, served by uvicorn in a thread of its own, for synchronous fuzzers.
+
+schemathesis and hypothesis drive requests synchronously; the gateway and the fake pod run on their own
+event loop in a background thread, on loopback ports, so the real proxy path (aiohttp upstream, SSE
+relay) is what gets fuzzed. `on_loop(fn)` reads the gateway's state on its own loop (leak checks).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from pydantic import SecretStr
+from starlette.applications import Starlette
+
+from llamafleet_core.index.memory import InMemoryPrefixIndex, InMemorySlotLeases
+from llamafleet_router.app import create_app
+from llamafleet_router.discovery.static import StaticDiscovery
+from llamafleet_router.inprocess import serve
+from llamafleet_router.settings import RouterSettings
+from tests.fuzz.fake_pod import fake_pod
+
+T = TypeVar("T")
+API_KEY = "fuzz-secret-key-0123456789"
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+
+
+def gateway_app(pod_url: str, *, max_body_bytes: int = 256 * 1024) -> Starlette:
+    settings = RouterSettings(pods=[pod_url], poll_interval=0.2, api_keys=SecretStr(f"fuzz:{API_KEY}"),
+                              max_body_bytes=max_body_bytes)
+    app = create_app(
+        settings, index=InMemoryPrefixIndex(), leases=InMemorySlotLeases(),
+        discovery=lambda http, fence: StaticDiscovery(settings.pod_specs, http, poll_interval=0.2,
+                                                      fence=fence, startup_timeout=5.0),
+    )
+    return app
+
+
+@dataclass
+class Served:
+    url: str = ""
+    pod_url: str = ""
+    app: Any = None
+    received: list[dict[str, Any]] = field(default_factory=list)
+    hits: list[str] = field(default_factory=list)  # every "METHOD path" the fake pod was asked
+    loop: asyncio.AbstractEventLoop | None = None
+
+    def on_loop(self, fn: Callable[[], T]) -> T:
+        assert self.loop is not None
+
+        async def call() -> T:
+            return fn()
+
+        return asyncio.run_coroutine_threadsafe(call(), self.loop).result(10)
+
+    def leaks(self) -> tuple[int, int]:
+        """(requests in flight, slot leases held) once every request has finished: both must be 0."""
+        gateway = self.app.state.gateway
+
+        def read() -> tuple[int, int]:
+            return gateway.in_flight.total(), gateway.leases.held() if gateway.leases else 0
+
+        for _ in range(100):  # after-response work finishes a moment after the client got its answer
+            counts = self.on_loop(read)
+            if counts == (0, 0):
+                return counts
+            threading.Event().wait(0.02)
+        return counts
+
+
+@contextlib.contextmanager
+def served_gateway(**kwargs: Any) -> Iterator[Served]:
+    served = Served()
+    ready, stop = threading.Event(), None
+    errors: list[BaseException] = []
+
+    async def main() -> None:
+        nonlocal stop
+        stop = asyncio.Event()
+        served.loop = asyncio.get_running_loop()
+        try:
+            async with serve(fake_pod(served.received, served.hits)) as pod_url:
+                served.pod_url = pod_url
+                served.app = gateway_app(pod_url, **kwargs)
+                async with serve(served.app) as url:
+                    served.url = url
+                    ready.set()
+                    await stop.wait()
+        except BaseException as exc:
+            errors.append(exc)
+            ready.set()
+
+    thread = threading.Thread(target=asyncio.run, args=(main(),), daemon=True)
+    thread.start()
+    ready.wait(30)
+    if errors:
+        raise errors[0]
+    try:
+        yield served
+    finally:
+        assert served.loop is not None and stop is not None
+        served.loop.call_soon_threadsafe(stop.set)
+        thread.join(30)

@@ -1,0 +1,90 @@
+"""Scoring only the named slots and one representative per group picks what scoring every slot would."""
+
+from __future__ import annotations
+
+import asyncio
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from llamafleet_core.types import Action, Lookup
+from llamafleet_router.scheduling.candidates import candidates, slot_groups, with_spares
+from llamafleet_router.scheduling.config import default_config
+from llamafleet_router.scheduling.framework import (
+    RESTORE_ENABLED,
+    Candidate,
+    CycleState,
+    Decision,
+    EndpointState,
+)
+from llamafleet_router.scheduling.scheduler import Scheduler
+
+from .fakes import FakeIndex, FakeLeases, request, slot, state
+from .test_properties import fleets, lookups
+
+CONFIG = default_config()
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    fleet=fleets(),
+    lookup=lookups(),
+    down=st.booleans(),
+    n_blocks=st.integers(0, 40),
+    last=st.none() | st.tuples(st.sampled_from("abcdef"), st.integers(0, 5)),
+)
+def test_schedule_picks_what_scoring_every_idle_slot_picks(
+    fleet: list[EndpointState], lookup: Lookup, down: bool, n_blocks: int, last: tuple[str, int] | None
+) -> None:
+    """Whatever the index says, whether it is up, and wherever the session last ran, the decision's
+    slot is the top of ranking EVERY idle slot with the same scorers and picker."""
+    sched = Scheduler(CONFIG, index=FakeIndex(lookup, down=down), leases=FakeLeases(), holder_prefix="r")
+    req = request(n_blocks=n_blocks, session_blocks=n_blocks // 2, session_id="s")
+    if last is not None:  # the session's previous turn, as session affinity learnt it
+        ep = next((s.endpoint for s in fleet if s.endpoint.pod.name == last[0]), fleet[0].endpoint)
+        sched.on_decision(req, Decision(ep, last[1], Action.DIRECT, None, 0, "cold"))
+    if not any(s.idle_slots for s in fleet):
+        return
+    # The same inputs the pipeline's scorers saw: the filters keep pods with idle slots here.
+    cs = CycleState()
+    cs.write(RESTORE_ENABLED, True)
+    asyncio.run(sched.producers[0].prepare(req, cs, fleet))
+    survivors: list[EndpointState] = list(fleet)
+    for f in sched.filters:
+        survivors = f.filter(req, cs, survivors)
+    every = [Candidate(s, n) for s in survivors for n in s.idle_slots]
+    top = sched.rank(req, cs, every)[0].candidate  # before schedule() teaches session affinity
+    decision = asyncio.run(sched.schedule(req, fleet))
+    assert (decision.endpoint.pod.uid, decision.slot) == (top.key.pod_uid, top.slot)
+
+
+def test_one_candidate_per_run_length_and_one_for_the_rest_when_many_slots_match() -> None:
+    """32 slots of which 12 hold 9 blocks and 4 hold 3 become 3 candidates: a 9, a 3 and an empty one."""
+    pod = state("a", n_slots=32, busy=(0,))
+    held = {slot("a", n): 9 for n in range(4, 16)} | {slot("a", n): 3 for n in range(20, 24)}
+    got = candidates([pod], slot_groups(Lookup(slots=held), ()), idle_only=True)
+    assert [c.slot for c in got] == [4, 20, 1]
+
+
+def test_nominated_slot_is_its_own_candidate_when_the_index_does_not_name_it() -> None:
+    pod = state("a", n_slots=8)
+    got = candidates([pod], slot_groups(Lookup(), [slot("a", 5)]), idle_only=True)
+    assert [c.slot for c in got] == [5, 0]
+
+
+def test_spares_follow_the_representative_in_its_group_only() -> None:
+    """When a candidate's lease is taken, the next slots tried hold the same run (or nothing), never
+    another group's, and a nominated slot has no spares."""
+    pod = state("a", n_slots=8, busy=(3,))
+    groups = slot_groups(Lookup(slots={slot("a", 1): 4, slot("a", 2): 4, slot("a", 5): 2}), [slot("a", 6)])
+    assert [c.slot for c in with_spares(Candidate(pod, 1), groups)] == [1, 2]
+    assert [c.slot for c in with_spares(Candidate(pod, 0), groups)] == [0, 4, 7]
+    assert [c.slot for c in with_spares(Candidate(pod, 6), groups)] == [6]
+
+
+async def test_next_slot_of_the_group_is_leased_when_another_replica_holds_the_first() -> None:
+    """Another replica holding the representative's lease must not send the request to another pod."""
+    leases = FakeLeases(held={slot("a", 0): "other-replica"})
+    sched = Scheduler(CONFIG, index=FakeIndex(), leases=leases, holder_prefix="r")
+    d = await sched.schedule(request(), [state("a", n_slots=4), state("b", n_slots=4, in_flight=3)])
+    assert (d.endpoint.pod.name, d.slot) == ("a", 1)

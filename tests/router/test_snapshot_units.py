@@ -1,0 +1,134 @@
+"""The pure parts of the gateway's snapshot flow: cut points, names, exact-only restores, single flight."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from pydantic import SecretStr
+
+from llamafleet_core.prefix import PromptIdentity
+from llamafleet_core.prefix.hashing import block_chain
+from llamafleet_core.snapshot import Fingerprint, SnapshotManifest
+from llamafleet_core.types import Action, Endpoint, Lookup, PodRef, SnapshotRef, exact_text_hash
+from llamafleet_router.scheduling.decide import ActionCosts, choose_action
+from llamafleet_router.settings import RouterSettings
+from llamafleet_router.snapshots import SnapshotConfig
+from llamafleet_router.snapshots.cuts import (
+    divergence_point,
+    last_line_start,
+    parse_name,
+    piece_offsets,
+    ref_from_manifest,
+    snapshot_name,
+    stage_points,
+    tokens_at,
+)
+from llamafleet_router.snapshots.first_sight import Flights
+
+BC = 256
+SYSTEM = "<|im_start|>system\n" + "Tools and rules. " * 300 + "\n\nConversation started: Monday<|im_end|>\n"
+PROMPT_TEXT = SYSTEM + "<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n"
+
+
+def identity(text: str = PROMPT_TEXT, session: int = len(SYSTEM)) -> PromptIdentity:
+    return PromptIdentity("m", text, block_chain(text, seed="m", block_chars=BC), BC, session, "template")
+
+
+def pod(name: str, agent: bool = True) -> Endpoint:
+    return Endpoint(PodRef(name, name, 0), f"http://{name}", "m", 4,
+                    agent_url=f"http://{name}-agent" if agent else None)
+
+
+def snap(name: str, pod_uid: str, text: str, chars: int, **kw: object) -> SnapshotRef:
+    blocks = chars // BC
+    fields: dict[str, object] = {"n_chars": chars, "text_hash": exact_text_hash(text[:chars]), **kw}
+    return SnapshotRef(name, pod_uid, blocks, chars // 4, 4_000_000,
+                       block_chain(text, seed="m", block_chars=BC)[blocks - 1], **fields)  # type: ignore[arg-type]
+
+
+def test_stage_point_is_the_start_of_the_last_line_when_the_prefix_ends_in_a_special_token() -> None:
+    """The date line's start is where a next-day session parts: it must be a stage point."""
+    line = SYSTEM.index("Conversation")
+    assert last_line_start(SYSTEM, len(SYSTEM)) == line
+    assert stage_points(PROMPT_TEXT, len(SYSTEM), min_chars=2048, min_gap=512, limit=3) == [line]
+
+
+def test_divergence_point_is_a_line_start_at_or_before_the_shared_prefix() -> None:
+    text = "a" * 3000 + "\nsecond line\nthird"
+    assert divergence_point(text, 3010, min_chars=2048) == 3001
+    assert divergence_point(text, 3000, min_chars=2048) is None  # no safe cut at or before 3000
+    assert divergence_point(text, 1000, min_chars=2048) is None
+
+
+def test_token_cuts_are_exact_only_on_piece_boundaries_when_offsets_come_from_pieces() -> None:
+    ends = piece_offsets("Hello world\nBye", ["Hello", " world", "\n", "Bye"])
+    assert ends == [5, 11, 12, 15]
+    assert tokens_at(ends, 12) == 3 and tokens_at(ends, 13) is None
+    assert piece_offsets("abc", ["<bos>", "abc"]) == [0, 3]  # a BOS the text lacks covers nothing
+    assert piece_offsets("abc", ["ab", [99]]) is None  # byte pieces: no exact offsets
+
+
+def test_names_carry_the_exact_identity_so_listed_snapshots_can_be_recorded_again() -> None:
+    h = exact_text_hash(SYSTEM)
+    name = snapshot_name("fs", h, len(SYSTEM))
+    ident = parse_name(name)
+    assert ident is not None and (ident.kind, ident.text_hash, ident.n_chars) == ("fs", h, len(SYSTEM))
+    assert parse_name("../../etc/passwd") is None and parse_name("shared-prefix") is None
+    blocks = list(identity().blocks[: len(SYSTEM) // BC])
+    manifest = SnapshotManifest(name=name, fingerprint=Fingerprint(model_sha256="x", build="b"), n_tokens=9,
+                                tokens_sha256="t", blocks=blocks, block_chars=BC, size=10, sha256="s")
+    ref = ref_from_manifest(manifest, "p", BC)
+    assert ref is not None and ref.extended_by(PROMPT_TEXT) and ref.n_blocks == len(blocks)
+    assert ref_from_manifest(manifest.model_copy(update={"block_chars": 128}), "p", BC) is None
+
+
+def test_restore_only_proposes_snapshots_the_prompt_extends_strictly_when_text_is_known() -> None:
+    """A longer snapshot whose tail differs, or one equal to the whole prompt, is never restored; the
+    session-prefix snapshot beats a stage snapshot ending in the same block."""
+    prompt = identity()
+    other = PROMPT_TEXT.replace("Monday", "Friday")
+    line = SYSTEM.index("Conversation")
+    diverging = snap("fs-other", "a", other, len(SYSTEM))
+    whole = snap("whole", "a", PROMPT_TEXT, len(PROMPT_TEXT) - len(PROMPT_TEXT) % BC)
+    lookup = Lookup(snapshots=(diverging,))
+    assert choose_action(prompt, pod("a"), 0, lookup, ActionCosts()).action is Action.COMPUTE
+    stage, session = snap("st", "a", PROMPT_TEXT, line), snap("fs", "a", PROMPT_TEXT, len(SYSTEM))
+    choice = choose_action(prompt, pod("a"), 0, Lookup(snapshots=(stage, session, diverging)), ActionCosts())
+    assert choice.action is Action.RESTORE and choice.snapshot == session
+    exact = identity(PROMPT_TEXT[: whole.n_chars], whole.n_chars)
+    resend = choose_action(exact, pod("a"), 0, Lookup(snapshots=(whole,)), ActionCosts())
+    assert resend.action is Action.COMPUTE
+
+
+def test_restore_needs_an_agent_on_the_target_pod() -> None:
+    session = snap("fs", "a", PROMPT_TEXT, len(SYSTEM))
+    choice = choose_action(identity(), pod("a", agent=False), 0, Lookup(snapshots=(session,)), ActionCosts())
+    assert choice.action is Action.COMPUTE
+
+
+def test_a_local_snapshot_is_preferred_to_the_same_one_on_a_peer() -> None:
+    local, remote = snap("fs", "a", PROMPT_TEXT, len(SYSTEM)), snap("fs", "b", PROMPT_TEXT, len(SYSTEM))
+    choice = choose_action(identity(), pod("a"), 0, Lookup(snapshots=(remote, local)), ActionCosts())
+    assert choice.snapshot == local
+
+
+async def test_single_flight_has_one_leader_and_waiters_get_its_result() -> None:
+    flights = Flights()
+    leader, fut = flights.join(("m", "h"))
+    second, same = flights.join(("m", "h"))
+    assert leader and not second and fut is same
+    ref = SnapshotRef("fs", "a", 1, 1, 1)
+    flights.finish(("m", "h"), ref)
+    assert await asyncio.wait_for(same, 1) == ref
+    again, _ = flights.join(("m", "h"))
+    assert again and len(flights) == 1
+
+
+def test_the_agent_token_comes_from_settings_or_a_file_and_never_shows_in_repr(tmp_path: Path) -> None:
+    assert SnapshotConfig.from_settings(RouterSettings()) is None  # no token: snapshots off
+    token_file = tmp_path / "token"
+    token_file.write_text("s3cret\n")
+    config = SnapshotConfig.from_settings(RouterSettings(agent_token_file=token_file))
+    assert config is not None and config.token == "s3cret" and "s3cret" not in repr(config)
+    assert "s3cret" not in repr(RouterSettings(agent_token=SecretStr("s3cret")))

@@ -1,0 +1,105 @@
+"""The gateway's attack surface, over a fake pod that records every path it is asked for:
+
+- without a key or with a wrong one: 401 on every inference and model route, the key never echoed;
+- a client's `id_slot` never reaches the pod: the router's slot does;
+- no llama-server route other than the three inference ones is reachable through the gateway: every
+  route registered in llama.cpp's server sources (read from the pinned tree, so a new upstream route is
+  tested the day it appears) answers the gateway's own 404/405 or its own handler, and the pod never
+  sees the request, whatever the path tricks (dot segments, encoded slashes, double slashes).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from llamafleet_local.llama_build import source_dir
+from tests.fuzz.served import API_KEY, AUTH, Served, served_gateway
+
+INFERENCE = {"/v1/chat/completions", "/v1/completions", "/v1/messages"}
+OWN = {"/health", "/metrics", "/v1/models", "/openapi.json"}  # served by the gateway itself
+_ROUTE = re.compile(r'ctx_http\.(get|post|put|del)\s*\(\s*"([^"]+)"')
+CHAT = {"model": "fake", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
+
+
+def llama_server_routes() -> list[tuple[str, str]]:
+    """Every (METHOD, path) llama-server registers, from its sources (`:param` filled with 0)."""
+    found: set[tuple[str, str]] = set()
+    for source in sorted((Path(source_dir()) / "tools" / "server").glob("server*.cpp")):
+        for method, path in _ROUTE.findall(source.read_text(errors="replace")):
+            found.add(({"del": "DELETE"}.get(method, method.upper()), re.sub(r":\w+", "0", path)))
+    return sorted(found)
+
+
+ROUTES = llama_server_routes()
+
+
+@pytest.fixture(scope="module")
+def served() -> Iterator[Served]:
+    with served_gateway() as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def client() -> Iterator[httpx.Client]:
+    with httpx.Client(timeout=10) as c:
+        yield c
+
+
+def test_the_route_list_is_read_from_llama_server_sources() -> None:
+    """The list is not empty by accident: it holds the admin routes the design forbids."""
+    paths = {p for _, p in ROUTES}
+    assert {"/slots/0", "/props", "/tokenize", "/apply-template", "/completion"} <= paths, paths
+    assert len(ROUTES) > 30
+
+
+@pytest.mark.parametrize("path", [*sorted(INFERENCE), "/v1/models"])
+def test_requests_get_401_when_the_key_is_missing_or_wrong(served: Served, path: str) -> None:
+    method = "GET" if path == "/v1/models" else "POST"
+    body = {"model": "fake", "prompt": "hi", "max_tokens": 2} if path == "/v1/completions" else CHAT
+    for headers in ({}, {"Authorization": "Bearer wrong-key"}, {"x-api-key": "wrong-key"},
+                    {"Authorization": f"Basic {API_KEY}"}, {"Authorization": f"Bearer {API_KEY}x"}):
+        resp = httpx.request(method, served.url + path, json=body, headers=headers, timeout=10)
+        assert resp.status_code == 401, (path, headers, resp.status_code)
+        assert "wrong-key" not in resp.text and API_KEY not in resp.text
+        assert resp.json()["error"]["type"] in ("invalid_request_error", "authentication_error")
+    ok = httpx.request(method, served.url + path, json=body, headers={"x-api-key": API_KEY}, timeout=10)
+    assert ok.status_code == 200
+
+
+def test_a_clients_id_slot_never_reaches_the_pod(served: Served) -> None:
+    """Whatever `id_slot` the client sends (a valid one, out of range, negative, a string), the pod
+    receives the slot the router chose, which is also the one the response header names."""
+    for client_slot in (1, 0, 99, -1, "0", None, [1]):
+        before = len(served.received)
+        resp = httpx.post(served.url + "/v1/chat/completions", json={**CHAT, "id_slot": client_slot},
+                          headers=AUTH, timeout=10)
+        assert resp.status_code == 200, (client_slot, resp.text)
+        router_slot = int(resp.headers["x-llamafleet-slot"])
+        forwarded = served.received[before:]
+        assert [b["id_slot"] for b in forwarded] == [router_slot], (client_slot, forwarded)
+        assert resp.json()["id_slot"] == router_slot  # what the pod answered
+
+
+@pytest.mark.parametrize(("method", "path"), ROUTES)
+def test_no_llama_server_route_but_inference_reaches_the_pod(
+    served: Served, client: httpx.Client, method: str, path: str,
+) -> None:
+    """Each route, as is and disguised: the gateway answers it itself and the pod is never asked."""
+    if path in INFERENCE and method == "POST":
+        pytest.skip("inference routes are proxied by design")
+    disguises = [path, f"/v1/chat/completions/..{path}", f"//{path.lstrip('/')}",
+                 "/" + path.lstrip("/").replace("/", "%2F"), f"{path}?id_slot=0&action=save"]
+    for attempt in disguises:
+        before = list(served.hits)
+        resp = client.request(method, served.url + attempt, headers=AUTH, json={"filename": "x.bin"})
+        new = [h for h in served.hits[len(before):] if not h.endswith(("/slots", "/health", "/props"))]
+        assert not new, (attempt, new)
+        if attempt == path:  # disguises may normalize to one of the gateway's own routes
+            allowed = (200, 401, 503) if path in OWN and method == "GET" else (401, 404, 405)
+            assert resp.status_code in allowed, (attempt, resp.status_code)
+        assert resp.status_code < 500, (attempt, resp.status_code)
