@@ -257,6 +257,22 @@ class TestPrefixIndexContract:
         assert (await idx.lookup(MODEL, blocks)).slots == {}
 
 
+    async def test_slot_stays_whole_when_rerecorded_soon_then_refreshed_later(self, backend: Backend) -> None:
+        """A re-record soon after the last one may add only the new blocks (Redis), but a later refresh
+        renews every block: no block of a refreshed slot expires under it."""
+        idx = backend.make_index(slot_ttl_s=1.0)
+        head = text(4, "soon")
+        grown = chain(head + text(2, "tail"))
+        await idx.record_slot(MODEL, SA, chain(head), 32)
+        await backend.elapse(0.02)
+        await idx.record_slot(MODEL, SA, grown, 48)  # within the first tenth of the TTL
+        assert (await idx.lookup(MODEL, grown)).slots == {SA: 6}
+        await backend.elapse(0.3)
+        await idx.record_slot(MODEL, SA, grown, 48)  # past the first tenth: every block refreshed
+        await backend.elapse(0.8)  # past the first record's deadline, before the last one's
+        assert (await idx.lookup(MODEL, grown)).slots == {SA: 6}
+
+
 class TestSlotLeasesContract:
     async def test_lease_is_exclusive_and_only_the_holder_releases(self, backend: Backend) -> None:
         """One holder at a time; a stranger's release is a no-op; the holder may refresh."""

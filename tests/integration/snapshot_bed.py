@@ -1,0 +1,131 @@
+"""Pods with snapshot agents for the gateway's snapshot tests: a real llama-server, its real agent served
+over a loopback socket (peers pull across a real connection), and helpers to damage snapshots.
+
+`AgentPod.spec` is the `url|agent_url` string the gateway's static discovery takes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+from prometheus_client import CollectorRegistry
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from llamafleet_agent import AgentSettings, create_app
+from llamafleet_core.llama_client import LlamaClient
+from llamafleet_local.llama_process import LlamaServerProcess
+from llamafleet_router.inprocess import serve
+from tests.fixtures.llama import StartLlamaServer
+
+TOKEN = "snapshot-test-token"
+SERVER_ARGS = ("-fa", "on", "--no-cache-idle-slots")  # pinned, as a rendered pod spec does
+
+
+@dataclass
+class AgentPod:
+    server: LlamaServerProcess
+    agent_url: str
+    snapshot_dir: Path
+
+    @property
+    def spec(self) -> str:
+        return f"{self.server.url}|{self.agent_url}"
+
+    def files(self, prefix: str = "") -> list[Path]:
+        return sorted(p for p in self.snapshot_dir.glob(f"{prefix}*.bin"))
+
+    async def erase_slots(self, http: httpx.AsyncClient) -> None:
+        """Empty every slot, so the next request can only reuse a prefix through a snapshot."""
+        llama = LlamaClient(self.server.url, http)
+        for slot in range(self.server.slots):
+            await llama.erase_slot(slot)
+
+
+class DiesMidTransfer:
+    """Wraps an agent app: snapshot file downloads stop after `limit` bytes and the connection drops,
+    as when the peer's pod dies while another pod pulls from it."""
+
+    def __init__(self, app: ASGIApp, limit: int = 64 * 1024) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not str(scope.get("path", "")).endswith("/file"):
+            await self.app(scope, receive, send)
+            return
+        sent = 0
+
+        async def cut(message: Message) -> None:
+            nonlocal sent
+            if message["type"] == "http.response.body":
+                body = message.get("body", b"")
+                if sent + len(body) > self.limit:
+                    await send({"type": "http.response.body", "body": body[: self.limit - sent],
+                                "more_body": True})
+                    raise ConnectionAbortedError("the peer died mid-transfer")
+                sent += len(body)
+            await send(message)
+
+        await self.app(scope, receive, cut)
+
+
+@contextlib.asynccontextmanager
+async def agent_pod(
+    start: StartLlamaServer, model: Path, name: str, root: Path, http: httpx.AsyncClient, *,
+    slots: int = 4, flaky: bool = False,
+) -> AsyncIterator[AgentPod]:
+    """A llama-server named `name` with its agent on a socket (`flaky`: the agent dies mid-transfer)."""
+    snapdir = root / "snapshots"
+    snapdir.mkdir(parents=True, exist_ok=True)
+    server = start(model, slots=slots, slot_save_path=snapdir, extra_args=("-a", name, *SERVER_ARGS))
+    settings = AgentSettings(
+        llama_url=server.url, snapshot_dir=snapdir, model_file=model, slots=slots, flash_attn="on",
+        pod_name=root.name, model_name=name,
+    )
+    app: Any = create_app(settings, llama=LlamaClient(server.url, http), http=http,
+                          registry=CollectorRegistry(), token=TOKEN)
+    served: Any = DiesMidTransfer(app) if flaky else app  # any ASGI app; uvicorn does not mind
+    async with serve(served) as url:
+        yield AgentPod(server, url, snapdir)
+
+
+def damage(pod: AgentPod, name: str, how: str) -> None:
+    """Break snapshot `name` on `pod` the way a fault case needs."""
+    binary, manifest_path = pod.snapshot_dir / f"{name}.bin", pod.snapshot_dir / f"{name}.json"
+    if how == "corrupt":
+        data = bytearray(binary.read_bytes())
+        middle = len(data) // 2
+        data[middle : middle + 64] = bytes(b ^ 0xFF for b in data[middle : middle + 64])
+        binary.write_bytes(bytes(data))
+    elif how == "truncate":
+        whole = binary.read_bytes()
+        binary.write_bytes(whole[: len(whole) // 2])
+    elif how in ("other_model", "other_kv"):
+        manifest = json.loads(manifest_path.read_text())
+        if how == "other_model":
+            manifest["fingerprint"]["model_sha256"] = "0" * 64
+        else:
+            manifest["fingerprint"]["cache_type_k"] = "q8_0"
+        manifest_path.write_text(json.dumps(manifest))
+    else:
+        raise ValueError(how)
+
+
+async def metric(http: httpx.AsyncClient, url: str, name: str, **labels: str) -> float:
+    """One sample of the gateway's /metrics (0 when absent)."""
+    text = (await http.get(url + "/metrics")).text
+    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    for line in text.splitlines():
+        if not line.startswith(name):
+            continue
+        head, _, value = line.rpartition(" ")
+        got = head[len(name):].strip("{}")
+        if ",".join(sorted(got.split(","))) == want or (not want and not got):
+            return float(value)
+    return 0.0

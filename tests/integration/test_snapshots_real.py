@@ -1,0 +1,280 @@
+"""Snapshots through the real gateway: real llama-server pods, real agents, real Redis.
+
+What these tests hold the gateway to (issue 4, items 2, 3, 4 and 6), for an attention-only and a hybrid
+model alike:
+- the 2nd and 3rd of three concurrent agent sessions reuse >= 95% of the first's ~14K-token prefix,
+  on one pod and across two pods (first sight with single flight, restore-on-miss, pulls);
+- after the pods restart, a next-day session resumes from the stage snapshot before the date line;
+- a bad snapshot (corrupt, truncated, other model, other KV setting, peer dying mid-transfer, wrong
+  token, traversal name) is never restored, and the client still gets the right answer;
+- greedy answers after a restore equal a cold run's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime as dt
+import json
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from llamafleet_core.types import SlotRef
+from llamafleet_local.workload import AgentProfile, WorkloadSpec, make_profile, user_question
+from tests.fixtures.llama import StartLlamaServer, TinyModels
+from tests.integration.gateway_bed import Answer, chat, gateway
+from tests.integration.snapshot_bed import TOKEN, AgentPod, agent_pod, damage, metric
+
+pytestmark = [pytest.mark.llama, pytest.mark.redis]
+
+BIG = 62_000  # about 14K tokens, as a real agent client sends
+SMALL = 12_000  # about 3K tokens: enough for the fault and correctness cases, 5x faster
+DAY = dt.date(2026, 11, 2)
+
+
+@pytest.fixture(params=["dense", "hybrid"])
+def model(request: pytest.FixtureRequest, tiny_models: TinyModels) -> tuple[str, Path]:
+    return f"tiny-{request.param}", getattr(tiny_models, request.param)
+
+
+@pytest.fixture
+async def http() -> Any:
+    async with httpx.AsyncClient(timeout=300) as client:
+        yield client
+
+
+async def _stream_until_first_byte(http: httpx.AsyncClient, url: str, body: dict[str, Any],
+                                   started: asyncio.Event) -> Answer:
+    """Stream one chat request; set `started` at its first byte (the session is generating)."""
+    async with http.stream("POST", url + "/v1/chat/completions", json=body) as resp:
+        raw = b""
+        async for chunk in resp.aiter_raw():
+            started.set()
+            raw += chunk
+    started.set()
+    timings: dict[str, Any] = {}
+    for line in raw.split(b"\n"):
+        if line.startswith(b"data: {"):
+            timings = json.loads(line[6:]).get("timings", timings)
+    h = resp.headers
+    return Answer(resp.status_code, h.get("x-llamafleet-pod", ""), int(h.get("x-llamafleet-slot", "-1")),
+                  h.get("x-llamafleet-action", ""), int(timings.get("cache_n", 0)),
+                  int(timings.get("prompt_n", 0)), raw, h.get("x-llamafleet-snapshot", ""))
+
+
+async def _three_sessions(http: httpx.AsyncClient, url: str, profile: AgentProfile, name: str,
+                          rng: random.Random, *, during_prefill: bool) -> list[Answer]:
+    """Session 1 streams; 2 and 3 start while it prefills (`during_prefill`) or once it generates."""
+    started = asyncio.Event()
+    first = asyncio.create_task(_stream_until_first_byte(
+        http, url, profile.request(name, user_question(rng), max_tokens=48), started))
+    if during_prefill:
+        await asyncio.sleep(0.3)
+    else:
+        await asyncio.wait_for(started.wait(), 120)
+    later = [chat(http, url, profile.request(name, user_question(rng), max_tokens=8)) for _ in range(2)]
+    answers = await asyncio.gather(first, *later)
+    return list(answers)
+
+
+def _prefix_tokens(first: Answer) -> int:
+    return first.prompt_tokens - 40  # the question and the generation prompt are under 40 tokens
+
+
+async def test_concurrent_sessions_reuse_the_prefix_when_on_one_pod_and_on_two_pods(
+    model: tuple[str, Path], start_llama_server: StartLlamaServer, tmp_path: Path, redis_url: str,
+    http: httpx.AsyncClient,
+) -> None:
+    """The first session of a never-seen prefix snapshots it; the 2nd and 3rd reuse >= 95% of it, when
+    they start while the first generates (one pod) and while it still prefills (two pods: they wait for
+    its snapshot, and a session on the other pod pulls it first)."""
+    name, path = model
+    rng = random.Random(5)
+    async with agent_pod(start_llama_server, path, name, tmp_path / "a", http) as a, \
+            agent_pod(start_llama_server, path, name, tmp_path / "b", http) as b:
+        profile = make_profile(WorkloadSpec(prefix_chars=BIG, day=DAY))
+        async with gateway([a.spec], redis_url, prefix=f"s1{name}", agent_token=TOKEN) as gw:
+            one = await _three_sessions(http, gw.url, profile, name, rng, during_prefill=False)
+        assert all(x.status == 200 for x in one), one
+        assert one[0].action == "compute/first_sight", one[0].action
+        for x in one[1:]:
+            assert x.cache_n >= 0.95 * _prefix_tokens(one[0]), (x.action, x.cache_n, one[0].prompt_tokens)
+            assert x.action.startswith("restore/") and x.snapshot.startswith("fs-"), (x.action, x.snapshot)
+
+        other = make_profile(WorkloadSpec(prefix_chars=BIG, day=DAY, workspace="/home/dev/other"))
+        async with gateway([a.spec, b.spec], redis_url, prefix=f"s2{name}", agent_token=TOKEN) as gw:
+            two = await _three_sessions(http, gw.url, other, name, rng, during_prefill=True)
+            waiters = await metric(http, gw.url, "llamafleet_router_snapshot_first_sight_total",
+                                   role="waiter")
+            pulled = await metric(http, gw.url, "llamafleet_router_snapshot_restores_total",
+                                  source="peer", result="ok")
+        assert all(x.status == 200 for x in two), two
+        for x in two[1:]:
+            assert x.cache_n >= 0.95 * _prefix_tokens(two[0]), (x.action, x.cache_n, two[0].prompt_tokens)
+        assert waiters == 2, "both later sessions waited for the first one's snapshot (single flight)"
+        assert {x.pod for x in two} == {a.server.url, b.server.url} and pulled >= 1, \
+            ([x.pod for x in two], pulled)
+
+
+async def _wait_for_new_epoch(gw_app: Any, url: str, old_epoch: int) -> None:
+    discovery = gw_app.state.gateway.discovery
+    for _ in range(300):
+        for pod in await discovery.endpoints():
+            if pod.endpoint.url == url and pod.ready and pod.endpoint.pod.epoch > old_epoch:
+                return
+        await asyncio.sleep(0.1)
+    raise AssertionError("the gateway did not see the pod restart")
+
+
+async def _wait_until_down(gw_app: Any, url: str) -> None:
+    discovery = gw_app.state.gateway.discovery
+    for _ in range(300):
+        if not any(p.endpoint.url == url and p.ready for p in await discovery.endpoints()):
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError("the gateway did not see the pod stop")
+
+
+async def _epoch(gw_app: Any, url: str) -> int:
+    pods = await gw_app.state.gateway.discovery.endpoints()
+    return int(next(p.endpoint.pod.epoch for p in pods if p.endpoint.url == url))
+
+
+async def test_next_day_session_resumes_before_the_date_line_when_the_pod_restarted(
+    model: tuple[str, Path], start_llama_server: StartLlamaServer, tmp_path: Path, redis_url: str,
+    http: httpx.AsyncClient,
+) -> None:
+    """Day 1 snapshots the session prefix and a stage at the start of its last line (the date line).
+    The pod restarts (its index entries are purged; its agent keeps the files); the gateway records
+    the agent's snapshots again, and the first day-2 session restores the stage snapshot (for a hybrid,
+    the only one its prompt extends exactly) and computes only the date line's tail."""
+    name, path = model
+    rng = random.Random(9)
+    day1 = make_profile(WorkloadSpec(prefix_chars=BIG, day=DAY))
+    day2 = make_profile(WorkloadSpec(prefix_chars=BIG, day=DAY + dt.timedelta(days=1)))
+    async with agent_pod(start_llama_server, path, name, tmp_path / "a", http) as a, \
+            gateway([a.spec], redis_url, prefix=f"r{name}", agent_token=TOKEN) as gw:
+        started = time.perf_counter()
+        first = await chat(http, gw.url, day1.request(name, user_question(rng), max_tokens=4))
+        cold_s = time.perf_counter() - started
+        assert first.status == 200 and first.action == "compute/first_sight", first.action
+        assert [p.name[:3] for p in a.files()] == ["fs-", "st-"], a.files()
+
+        epoch = await _epoch(gw.app, a.server.url)
+        a.server.stop()
+        await _wait_until_down(gw.app, a.server.url)
+        await asyncio.to_thread(a.server.start)
+        await _wait_for_new_epoch(gw.app, a.server.url, epoch)
+
+        started = time.perf_counter()
+        later = await chat(http, gw.url, day2.request(name, user_question(rng), max_tokens=4))
+        warm_s = time.perf_counter() - started
+        resynced = await metric(http, gw.url, "llamafleet_router_snapshot_resynced_total")
+    assert later.status == 200
+    assert resynced >= 2, "the restarted pod's snapshots were recorded again"
+    assert later.action == "restore/restore_first_sight" and later.snapshot.startswith("st-"), \
+        (later.action, later.snapshot)
+    assert later.cache_n >= 0.95 * _prefix_tokens(first), (later.cache_n, first.prompt_tokens)
+    assert warm_s < 0.5 * cold_s, (warm_s, cold_s)
+
+
+def _tokens(raw: bytes) -> list[str]:
+    return [t["token"] for t in json.loads(raw)["choices"][0]["logprobs"]["content"]]
+
+
+def _agreement(got: list[str], want: list[str]) -> float:
+    if not want:
+        return 1.0 if not got else 0.0
+    same = sum(1 for a, b in zip(got, want, strict=False) if a == b)
+    return same / max(len(got), len(want))
+
+
+async def _fresh_slots(pod: AgentPod, gw: Any, name: str, http: httpx.AsyncClient) -> None:
+    """Empty the pod's slots and the index's slot entries: the next request can reuse the prefix only
+    through a snapshot."""
+    await asyncio.sleep(0.3)  # let the last response's index writes land first
+    await pod.erase_slots(http)
+    for slot in range(pod.server.slots):
+        await gw.index.forget_slot(name, SlotRef(pod.server.url, slot))
+
+
+async def test_bad_snapshots_are_never_restored_and_answers_match_a_cold_run(
+    model: tuple[str, Path], start_llama_server: StartLlamaServer, tmp_path: Path, redis_url: str,
+    http: httpx.AsyncClient,
+) -> None:
+    """Greedy answers after a restore equal a cold run's (>= 99% of positions). A corrupt or truncated
+    file, a manifest of another model or KV setting, a traversal name in the index, a wrong agent token
+    and a peer dying mid-transfer are each refused (a failure counted with its kind), and the client
+    still gets the cold run's answer."""
+    name, path = model
+    profile = make_profile(WorkloadSpec(prefix_chars=SMALL, day=DAY))
+    body = {**profile.request(name, "Please check the build.", max_tokens=32, stream=False),
+            "logprobs": True}
+    async with agent_pod(start_llama_server, path, name, tmp_path / "a", http, flaky=True) as a, \
+            agent_pod(start_llama_server, path, name, tmp_path / "b", http) as b:
+        cold = await http.post(b.server.url + "/v1/chat/completions", json={**body, "cache_prompt": False})
+        want = _tokens(cold.content)
+        assert len(want) >= 8
+
+        async def check(answer: Answer) -> None:
+            assert answer.status == 200, answer.raw[:300]
+            assert _agreement(_tokens(answer.raw), want) >= 0.99, (_tokens(answer.raw), want)
+
+        async with gateway([a.spec], redis_url, prefix=f"f1{name}", agent_token=TOKEN) as gw:
+            warm = await chat(http, gw.url, profile.request(name, "Please list files.", max_tokens=4))
+            assert warm.action == "compute/first_sight", warm.action
+            fs = a.files("fs-")[0].stem
+            await _fresh_slots(a, gw, name, http)
+            restored = await chat(http, gw.url, body)
+            assert restored.action.startswith("restore/") and restored.snapshot == fs, restored.action
+            await check(restored)  # correctness after a restore
+
+            for how, kind in (("corrupt", "checksum"), ("truncate", "size"), ("other_model", "fingerprint"),
+                              ("other_kv", "fingerprint")):
+                await _fresh_slots(a, gw, name, http)
+                damage(a, fs, how)
+                before = await metric(http, gw.url, "llamafleet_router_snapshot_failures_total",
+                                      op="restore", kind=kind)
+                answer = await chat(http, gw.url, body)
+                after = await metric(http, gw.url, "llamafleet_router_snapshot_failures_total",
+                                     op="restore", kind=kind)
+                assert after == before + 1, (how, kind, before, after)
+                assert answer.snapshot == "" and answer.action == "compute/first_sight", (how, answer.action)
+                await check(answer)  # and the first sight saved a good snapshot again
+
+            # A traversal name in the index (a bug, or someone writing to Redis) is never sent anywhere.
+            manifest = json.loads((a.snapshot_dir / f"{fs}.json").read_text())
+            good = next(s for s in await gw.index.snapshots(name) if s.name == fs)
+            await gw.index.record_snapshot(name, dataclasses.replace(good, name="../../../etc/passwd"),
+                                           manifest["blocks"])
+            await _fresh_slots(a, gw, name, http)
+            answer = await chat(http, gw.url, body)
+            assert await metric(http, gw.url, "llamafleet_router_snapshot_failures_total",
+                                op="restore", kind="name") == 1
+            await check(answer)
+
+        async with gateway([a.spec], redis_url, prefix=f"f1{name}", agent_token="wrong") as gw:
+            await _fresh_slots(a, gw, name, http)
+            answer = await chat(http, gw.url, body)
+            assert await metric(http, gw.url, "llamafleet_router_snapshot_failures_total",
+                                op="restore", kind="auth") == 1
+            assert answer.snapshot == "", answer.action
+            await check(answer)
+
+        # The snapshot lives only on a, whose agent dies mid-transfer, and another router replica holds
+        # every slot of a: the request lands on b, whose agent must pull the snapshot first.
+        async with gateway([b.spec, a.spec], redis_url, prefix=f"f1{name}", agent_token=TOKEN) as gw:
+            for slot in range(a.server.slots):
+                assert await gw.leases.acquire(SlotRef(a.server.url, slot), "another-replica", 60)
+            answer = await chat(http, gw.url, body)
+            assert await metric(http, gw.url, "llamafleet_router_snapshot_failures_total",
+                                op="pull", kind="peer") == 1
+            assert answer.pod == b.server.url and answer.snapshot == "", (answer.pod, answer.action)
+            await check(answer)
+        local = json.loads((b.snapshot_dir / f"{fs}.json").read_text())
+        assert local["source_pod"] == "b", "b computed and saved its own copy; nothing pulled was kept"
