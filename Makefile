@@ -7,12 +7,14 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: help venv bed build-server models lint types check test test-fast demo crds clean
+.PHONY: help venv bed build-server models lint types check test test-fast demo bench bench-quick reliability crds clean
 
 help:
 	@echo "make demo   - build or reuse llama-server and a tiny model, run the demo"
 	@echo "make test   - lint, type-check and run the whole test suite against real processes"
 	@echo "make test-fast - only the tests that need no llama-server (pytest -m 'not llama')"
+	@echo "make bench  - the seed table: llamafleet against llama-server and sglang-router (~15 min)"
+	@echo "make reliability - the fault scenarios and their figures (~1 min)"
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +53,19 @@ test-fast: venv
 
 demo: bed
 	$(VENV)/bin/llamafleet demo
+
+$(VENV)/.bench: $(VENV)/.installed
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev,bench]'
+	touch $@
+
+bench: bed $(VENV)/.bench
+	$(VENV)/bin/llamafleet bench seed-table
+
+bench-quick: bed $(VENV)/.bench
+	$(VENV)/bin/llamafleet bench seed-table --quick
+
+reliability: bed
+	$(VENV)/bin/llamafleet reliability
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache results runs

@@ -1,74 +1,122 @@
-"""`llamafleet demo` / `make demo`: the smallest end-to-end run on one machine.
+"""`llamafleet demo` / `make demo`: agent sessions through a local fleet and through a plain llama-server.
 
-It builds (or reuses) llama-server and a tiny model, starts one server, sends an agent-like chat
-request (tool schemas plus a system prompt, then a question), then a second session with the same
-prefix and another question pinned to the same slot, and shows how many prompt tokens the server
-reused (`timings.cache_n`). Later the demo runs a whole local fleet behind the gateway.
+It builds (or reuses) llama-server and the tiny hybrid model, runs the fleet of
+`examples/local-fleet.yaml` (2 pods x 4 slots, one SharedPrefix) with `LocalFleet`, and starts one plain
+llama-server beside it with the very same command line (same slots, same settings, no gateway). Then it
+replays the same agent sessions against both: three concurrent sessions with a ~14K-token prefix (the
+2nd and 3rd start while the 1st is generating), then a session of the next day. It prints the table
+(setup, session, time to first token, prompt tokens reused), writes a PNG plot and the raw figures to
+`results/demo-<timestamp>/`, and stops everything it started.
 """
 
 from __future__ import annotations
 
 import argparse
-import random
-import tempfile
+import asyncio
+import json
+import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import httpx
 
-from llamafleet_local.cache import log
-from llamafleet_local.llama_build import build
-from llamafleet_local.llama_process import LlamaServerProcess
-from llamafleet_local.tinymodels import MODEL_NAMES, ensure_model
-from llamafleet_local.workload import WorkloadSpec, make_profile, user_question
+from llamafleet_local.bench import scenarios as sc
+from llamafleet_local.bench.client import Reply, stream_chat
+from llamafleet_local.bench.setups import Fleet, PlainPods
+from llamafleet_local.up.config import ConfigError, FleetConfig, load_fleet
+from llamafleet_local.workload import WorkloadSpec, make_profile, next_day
+
+SESSIONS = ("1st", "2nd (concurrent)", "3rd (concurrent)", "next day")
 
 
-def _chat(http: httpx.Client, url: str, body: dict[str, Any]) -> tuple[dict[str, Any], float]:
-    started = time.perf_counter()
-    resp = http.post(url + "/v1/chat/completions", json=body)
-    elapsed = time.perf_counter() - started
-    resp.raise_for_status()
-    result: dict[str, Any] = resp.json()
-    return result, elapsed
+def say(text: str) -> None:
+    print(f"[demo {time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
 
 
-def run(model_name: str, prefix_chars: int, workdir: Path) -> int:
-    binary = build()
-    model = ensure_model(model_name)
-    profile = make_profile(WorkloadSpec(prefix_chars=prefix_chars))
-    rng = random.Random(1)
-    server = LlamaServerProcess(binary=binary, model=model, workdir=workdir, slots=2)
-    log(f"starting llama-server with {model.name} (2 slots, 1 thread)")
-    server.start()
-    rows: list[tuple[str, int, int, float]] = []
+async def sessions(url: str, model: str, prefix_chars: int) -> list[Reply]:
+    """The demo's sessions against one setup: three concurrent ones, then one of the next day."""
+    spec = WorkloadSpec(prefix_chars=prefix_chars, workspace="/home/dev/projects/demo")
+    async with httpx.AsyncClient(timeout=httpx.Timeout(30.0, read=600.0)) as http:
+        replies = await sc.three_sessions(http, url, make_profile(spec), model, "demo")
+        question = sc.questions("demo-next-day", 1)[0]
+        replies.append(await stream_chat(
+            http, url, make_profile(next_day(spec)).request(model, question, max_tokens=sc.LATER_TOKENS)))
+    return replies
+
+
+def table(rows: list[tuple[str, str, Reply]]) -> str:
+    head = f"| {'setup':<22} | {'session':<18} | {'TTFT':>8} | {'tokens reused':>21} | {'how':<28} |"
+    lines = [head, "|" + "|".join("-" * len(cell) for cell in head.split("|")[1:-1]) + "|"]
+    for setup, session, r in rows:
+        prompt = r.cache_n + r.prompt_n
+        reused = f"{r.cache_n:,} of {prompt:,}" if r.status == 200 else f"failed ({r.status})"
+        how = r.headers.get("x-llamafleet-action", "")
+        lines.append(f"| {setup:<22} | {session:<18} | {r.ttft_s:>6.3f} s | {reused:>21} | {how:<28} |")
+    return "\n".join(lines)
+
+
+async def run(config: FleetConfig, fleet_file: Path, out: Path, prefix_chars: int) -> int:
+    model = config.fleet.spec.model.name
+    fleet = Fleet(config, out / "run")
+    say(f"starting the fleet of {fleet_file} ({config.fleet.spec.replicas} pods x {config.fleet.spec.slots} "
+        f"slots, {model}; logs in {out / 'run'})")
+    await fleet.start()
+    plain: PlainPods | None = None
     try:
-        with httpx.Client(timeout=300.0) as http:
-            for label in ("session 1 (cold)", "session 2 (same prefix, same slot)"):
-                body = profile.request(model_name, user_question(rng), max_tokens=8, stream=False)
-                body["id_slot"] = 0
-                result, elapsed = _chat(http, server.url, body)
-                timings = result.get("timings", {})
-                rows.append((label, int(timings.get("prompt_n", 0)), int(timings.get("cache_n", 0)), elapsed))
-                answer = result["choices"][0]["message"].get("content") or ""
-                log(f"{label}: answered {answer[:60]!r}")
+        if fleet.snapshots_enabled_here:
+            say("note: the gateway's snapshot flow was off in create_app; the demo turned it on")
+        assert fleet.fleet.resolved is not None
+        plain = PlainPods("plain", fleet.fleet.resolved, out / "run" / "plain", 1, sglang=False)
+        await plain.start()
+        say(f"fleet ready at {fleet.url}; plain llama-server at {plain.url}")
+        say("replaying sessions through the llamafleet gateway")
+        ours = await sessions(fleet.url, model, prefix_chars)
+        say("replaying the same sessions on the plain llama-server")
+        theirs = await sessions(plain.url, model, prefix_chars)
     finally:
-        server.stop()
-    print(f"\nllama-server {binary.name}, model {model_name}, prefix {profile.prefix_chars} characters\n")
-    print(f"| {'request':<36} | {'computed':>9} | {'reused':>7} | {'seconds':>8} |")
-    print(f"|{'-' * 38}|{'-' * 11}|{'-' * 9}|{'-' * 10}|")
-    for label, computed, reused, seconds in rows:
-        print(f"| {label:<36} | {computed:>9} | {reused:>7} | {seconds:>8.2f} |")
-    if rows[1][2] <= 0:
-        log("error: the second session reused nothing; the server's prompt cache is not working")
+        if plain is not None:
+            await plain.stop()
+        await fleet.stop()
+    rows = [("llamafleet (2 pods)", s, r) for s, r in zip(SESSIONS, ours, strict=True)]
+    rows += [("llama-server (1 pod)", s, r) for s, r in zip(SESSIONS, theirs, strict=True)]
+    text = table(rows)
+    print(f"\n{model}, prefix of {ours[0].cache_n + ours[0].prompt_n:,} prompt tokens, all servers -t 1\n")
+    print(text)
+    third = theirs[2].ttft_s / max(ours[2].ttft_s, 1e-9)
+    day = theirs[3].ttft_s / max(ours[3].ttft_s, 1e-9)
+    print(f"\n3rd concurrent session: {third:.1f}x faster to first token; next day: {day:.1f}x.")
+    from llamafleet_local.bench.plots import session_ttfts
+
+    plot = session_ttfts([(setup, s, r.ttft_s) for setup, s, r in rows], out / "ttft.png",
+                         f"{model}: time to first token per session")
+    (out / "table.md").write_text(text + "\n")
+    (out / "results.json").write_text(json.dumps(
+        {"model": model, "fleet": str(fleet_file), "prefix_chars": prefix_chars,
+         "rows": [{"setup": a, "session": s, **r.summary()} for a, s, r in rows]}, indent=1))
+    print(f"plot {plot}; table and raw figures in {out}")
+    failed = [r for _, _, r in rows if r.status != 200 or r.error]
+    if failed:
+        say(f"error: {len(failed)} request(s) failed: {failed[0].error[:200]}")
         return 1
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="llamafleet demo", description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="tiny-hybrid", choices=MODEL_NAMES)
-    parser.add_argument("--prefix-chars", type=int, default=20_000, help="size of tools + system prompt")
+    parser.add_argument("-f", "--file", type=Path, default=Path("examples/local-fleet.yaml"),
+                        help="the FLEET.yaml to run (default: examples/local-fleet.yaml)")
+    parser.add_argument("--out", type=Path, default=None, help="default: results/demo-<timestamp>/")
+    parser.add_argument("--prefix-chars", type=int, default=70_000,
+                        help="tools + system prompt size (70,000 characters: about 14K tokens)")
     args = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="llamafleet-demo-") as tmp:
-        return run(args.model, args.prefix_chars, Path(tmp))
+    out = (args.out or Path("results") / time.strftime("demo-%Y%m%d-%H%M%S")).resolve()
+    try:
+        config = load_fleet(args.file)
+    except ConfigError as exc:
+        print(f"llamafleet demo: {exc}", file=sys.stderr)
+        return 2
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        return asyncio.run(run(config, args.file, out, args.prefix_chars))
+    except KeyboardInterrupt:
+        return 130

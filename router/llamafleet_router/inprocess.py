@@ -26,7 +26,9 @@ async def app_client(app: Starlette, base_url: str = "http://router") -> AsyncIt
 
 
 @contextlib.asynccontextmanager
-async def serve(app: Starlette, host: str = "127.0.0.1", startup_timeout: float = 10.0) -> AsyncIterator[str]:
+async def serve(
+    app: Starlette, host: str = "127.0.0.1", startup_timeout: float = 10.0, shutdown_timeout: float = 30.0
+) -> AsyncIterator[str]:
     """Serve `app` with uvicorn on a free port of `host`; yields its base URL."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -48,6 +50,14 @@ async def serve(app: Starlette, host: str = "127.0.0.1", startup_timeout: float 
         yield f"http://{host}:{port}"
     finally:
         server.should_exit = True
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.wait_for(task, timeout=startup_timeout)
+        # Shutdown drains the after-response tasks (bounded by the app's own drain limit, 10 s), so
+        # give it longer than that before forcing the exit.
+        try:
+            await asyncio.wait_for(asyncio.shield(task), timeout=shutdown_timeout)
+        except TimeoutError:
+            server.force_exit = True
+            with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+                await asyncio.wait_for(task, timeout=5.0)
+        except asyncio.CancelledError:
+            pass
         sock.close()

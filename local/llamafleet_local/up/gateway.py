@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 import uvicorn
+from pydantic import SecretStr
 from starlette.applications import Starlette
 
 from llamafleet_core.index.base import PrefixIndex, SlotLeases
@@ -76,11 +77,13 @@ def detach_log(handler: logging.Handler) -> None:
 
 
 def build_app(pods: Sequence[tuple[str, str]], index: Index, readiness: Readiness, *,
-              model_name: str, poll_interval: float = 0.5) -> Starlette:
-    """The router app over `(llama_url, agent_url)` pods, exactly as `llamafleet router` builds it."""
+              model_name: str, agent_token: str, poll_interval: float = 0.5) -> Starlette:
+    """The router app over `(llama_url, agent_url)` pods, exactly as `llamafleet router` builds it,
+    with the agents' token, so restore-on-miss and first-sight snapshots are on."""
     settings = RouterSettings(
         pods=[f"{url}|{agent}" for url, agent in pods], redis_url=index.redis_url,
         index="redis" if index.redis_url else "memory", poll_interval=poll_interval, model_name=model_name,
+        agent_token=SecretStr(agent_token),
     )
 
     def discovery(http: httpx.AsyncClient, fence: FenceHook) -> Discovery:

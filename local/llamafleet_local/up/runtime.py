@@ -146,7 +146,8 @@ class LocalFleet:
         sock = gw.bind("127.0.0.1", self.options.port)
         self._log_handler = gw.log_to_file(self.run_dir / "gateway.log")
         pods = [(p.layout.llama_url, p.layout.agent_url) for p in self.pods]
-        self.app = gw.build_app(pods, self.index, self.readiness, model_name=self.model)
+        self.app = gw.build_app(pods, self.index, self.readiness, model_name=self.model,
+                                agent_token=self.agent_token)
         self.gateway_url = await self._stack.enter_async_context(gw.serve(self.app, sock))
         self.reporter.say(f"gateway {self.gateway_url} (503 on /health until every pod is up and warm)")
 

@@ -1,0 +1,45 @@
+"""One small real run of the seed-table harness: plain llama-server, then a local fleet, tiny prefixes.
+
+It checks the harness measures what it claims on real servers: TTFT at the first content event, the
+fleet's 2nd and 3rd concurrent sessions served from the first one's snapshot (nearly all of the prompt
+reused, where the plain server recomputes it), tokens computed counted from the servers' own metrics,
+and greedy outputs equal to the plain server's cold ones.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from llamafleet_local.bench import report
+from llamafleet_local.bench.run import Plan, run_model
+
+pytestmark = [pytest.mark.llama]
+
+SMOKE = Plan(models=("tiny-hybrid",), repeats=1, sizes=(1_500, 3_000), size_repeats=1, mixed_sessions=6,
+             mixed_prefix_chars=6_000, setups=("plain", "llamafleet"))
+
+
+async def test_harness_measures_reuse_and_agreement_when_run_against_real_servers(tmp_path: Path) -> None:
+    """The fleet's 3rd session reuses >= 90% of its prompt, the plain server's ~none; every request
+    succeeds; tokens computed are counted; outputs agree with the cold run."""
+    raw: dict[str, Any] = {"plan": {"sizes": list(SMOKE.sizes), "repeats": 1}, "started": "", "seconds": 0.0,
+           "models": {"tiny-hybrid": await run_model("tiny-hybrid", SMOKE, tmp_path, lambda _: None)}}
+    result = raw["models"]["tiny-hybrid"]
+    assert abs(result["calibration"]["1500"]["tokens"] - 1_500) <= 60, result["calibration"]
+    plain, fleet = result["setups"]["plain"], result["setups"]["llamafleet"]
+    for setup in (plain, fleet):
+        replies = [r for run in setup["as_is"] + setup["declared"] for r in run] + setup["later_day"]
+        assert all(r["status"] == 200 and r["pieces"] for r in replies), [r["error"] for r in replies]
+        assert setup["mixed"]["failed"] == 0 and setup["mixed"]["computed"] > 0
+    third = fleet["as_is"][0][2]
+    assert third["headers"]["x-llamafleet-action"].startswith("restore/"), third["headers"]
+    assert third["cache_n"] >= 0.9 * (third["cache_n"] + third["prompt_n"])
+    assert plain["as_is"][0][2]["cache_n"] <= 0.05 * plain["as_is"][0][2]["prompt_n"]
+    assert fleet["declared"][0][0]["cache_n"] > 0  # the declared SharedPrefix was warm before session 1
+    summary = report.summarize(raw)
+    assert summary["tiny-hybrid"]["llamafleet"]["agreement"] >= 0.99
+    assert result["minimum_prefill"] < plain["mixed"]["computed"] + fleet["mixed"]["computed"]
+    assert "| 3rd concurrent session TTFT" in report.markdown(raw, summary)
