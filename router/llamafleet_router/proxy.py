@@ -28,7 +28,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 import httpx
@@ -41,6 +41,7 @@ from llamafleet_router.sse import SSETap, stats_from_body
 from llamafleet_router.upstream import GatewayClient
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 OnFinish = Callable[[Outcome, Callable[[], Awaitable[None]]], None]
 OnFirstByte = Callable[[float], None]
@@ -182,7 +183,7 @@ async def _forward_aiohttp(
     give_up: asyncio.Event | None = None,
 ) -> Response:
     started = time.perf_counter()
-    upstream, head = await _unless(give_up, _open(session, url, body, headers, on_finish))
+    upstream, head = await unless_gone(give_up, _open(session, url, body, headers, on_finish))
 
     async def close() -> None:
         upstream.release()  # back to the pool when read to the end, else the connection is closed
@@ -253,25 +254,26 @@ async def _open(
         raise
 
 
-async def _unless(
-    give_up: asyncio.Event | None, opening: Awaitable[tuple[aiohttp.ClientResponse, bytes | None]]
-) -> tuple[aiohttp.ClientResponse, bytes | None]:
+async def unless_gone(give_up: asyncio.Event | None, work: Awaitable[T]) -> T:
+    """`await work`, unless `give_up` is set first (discovery marked the pod down: hung or gone): then
+    `work` is cancelled and PodUnreachable raised, so the request goes to another pod."""
     if give_up is None:
-        return await opening
-    if give_up.is_set():
-        raise PodUnreachable("the pod was marked down")
-    task = asyncio.ensure_future(opening)
+        return await work
+    task = asyncio.ensure_future(work)
     waiter = asyncio.ensure_future(give_up.wait())
     try:
         await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        waiter.cancel()
-    if not task.done():
+    except BaseException:  # our caller was cancelled (the client left): nothing may keep running
         task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await task
-        raise PodUnreachable("the pod was marked down (hung or gone) before its first byte")
-    return task.result()
+        waiter.cancel()
+        raise
+    waiter.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await task
+    raise PodUnreachable("the pod was marked down (hung or gone) before it answered")
 
 
 async def _prepend(head: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:

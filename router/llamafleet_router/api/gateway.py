@@ -30,7 +30,7 @@ from llamafleet_router.leases import ReplicaLeases
 from llamafleet_router.logs import request_id_var
 from llamafleet_router.metrics import RouterMetrics
 from llamafleet_router.prompts import PromptRenderer
-from llamafleet_router.proxy import PodUnreachable, forward
+from llamafleet_router.proxy import PodUnreachable, forward, unless_gone
 from llamafleet_router.scheduling.framework import (
     ANY_SLOT,
     Decision,
@@ -226,17 +226,16 @@ class Gateway:
             decision = await self._schedule(req, endpoint_states(req.model, pods, self.in_flight,
                                                                  frozenset(excluded)))
             uid, url = decision.endpoint.uid, decision.endpoint.url
+            gone = getattr(self.discovery, "gone", None)
+            give_up = gone(uid) if gone is not None else None
             self.in_flight.begin(uid, url, decision.slot)
-            if snapshots is not None:
-                try:
-                    decision = await snapshots.prepare(req, decision, pods)
-                except BaseException:  # cancelled (client gone) while restoring or prefilling
-                    self.in_flight.end(uid, url, decision.slot)
-                    self.tasks.spawn(self.after.release(decision), name="release")
-                    raise
-            self.tasks.spawn(self.after.dispatched(req, decision), name="record-dispatched")
-            finish = _Finisher(self, req, decision, key, time.perf_counter())
+            finish: _Finisher | None = None
             try:
+                if snapshots is not None:
+                    # A restore or first-sight prefill waits on the pod too: give up if it hangs.
+                    decision = await unless_gone(give_up, snapshots.prepare(req, decision, pods))
+                self.tasks.spawn(self.after.dispatched(req, decision), name="record-dispatched")
+                finish = _Finisher(self, req, decision, key, time.perf_counter())
                 return await forward(
                     self.http, url + parsed.route.value, upstream_body(parsed.body, decision.slot),
                     {"content-type": "application/json", "accept": request.headers.get("accept", "*/*"),
@@ -244,10 +243,11 @@ class Gateway:
                     on_finish=finish,
                     on_first_byte=self.metrics.upstream_ttft_seconds.labels(req.model).observe,
                     extra_headers=decision_headers(decision),
-                    give_up=gone(uid) if (gone := getattr(self.discovery, "gone", None)) else None,
+                    give_up=give_up,
                 )
             except PodUnreachable as exc:
-                finish.done = True  # nothing was forwarded: give back without counting a response
+                if finish is not None:
+                    finish.done = True  # nothing was forwarded: give back without counting a response
                 self.in_flight.end(uid, url, decision.slot)
                 self.tasks.spawn(self.after.release(decision), name="release")
                 self.discovery.mark_down(uid)
@@ -259,6 +259,10 @@ class Gateway:
                 err.counted = True  # forward() reported it through on_finish already
                 raise
             except BaseException:
-                finish(Outcome(status=500, error="router error"), None)
+                if finish is None:  # cancelled (client gone) while restoring or prefilling
+                    self.in_flight.end(uid, url, decision.slot)
+                    self.tasks.spawn(self.after.release(decision), name="release")
+                else:
+                    finish(Outcome(status=500, error="router error"), None)
                 raise
         raise no_pod_available(req.model)
