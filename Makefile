@@ -19,7 +19,7 @@ help:
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -U pip
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev]'
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev,bench]'
 	touch $@
 
 venv: $(VENV)/.installed
@@ -54,14 +54,10 @@ test-fast: venv
 demo: bed
 	$(VENV)/bin/llamafleet demo
 
-$(VENV)/.bench: $(VENV)/.installed
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev,bench]'
-	touch $@
-
-bench: bed $(VENV)/.bench
+bench: bed
 	$(VENV)/bin/llamafleet bench seed-table
 
-bench-quick: bed $(VENV)/.bench
+bench-quick: bed
 	$(VENV)/bin/llamafleet bench seed-table --quick
 
 reliability: bed

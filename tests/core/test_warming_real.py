@@ -195,6 +195,7 @@ async def test_prefix_is_warm_and_reused_on_every_slot_of_every_pod_when_warmed(
                            agent_token=TOKEN, index=index)
     assert (state.state, state.tokens, state.bytes) == ("warm", len(tokens), result.bytes), state
     assert state.message == "pulled from pod-a"
+    assert (await c.agent.get(result.snapshot)).pinned  # evicted last on a later pod too
     assert "pod-c@1" in {s.pod_uid for s in await index.snapshots(MODEL)}
     assert await c.agent.ready()
     await c.agent.restore(result.snapshot, 1)

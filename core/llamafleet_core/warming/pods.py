@@ -39,6 +39,7 @@ async def warm_pod(
     agent_token: str,
     index: PrefixIndex | None,
     block_chars: int = BLOCK_CHARS,
+    pin: bool = True,
 ) -> PodWarmState:
     """Make `pod` hold the snapshot of `result` by pulling it from a warm peer; register it.
 
@@ -72,7 +73,8 @@ async def warm_pod(
     reasons: list[str] = []
     for peer in _peer_order(result, pod, peers):
         try:
-            manifest = await target.agent.pull(result.snapshot, source=peer.agent_url)
+            # Pinned like the first copy: a SharedPrefix snapshot is evicted last on every pod.
+            manifest = await target.agent.pull(result.snapshot, source=peer.agent_url, pinned=pin)
         except AgentError as exc:
             if exc.kind == "fingerprint":
                 return done("failed", f"pod rejected snapshot: {steps.describe(exc)}")

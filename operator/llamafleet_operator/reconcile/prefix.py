@@ -120,7 +120,7 @@ async def _warm(ctx: Context, uid: str, generation: int | None, source: PrefixSo
             if target.name in warm:
                 continue
             state = await warm_pod(result, source, target, peers=peers, http=ctx.http,
-                                   agent_token=ctx.agent_token, index=ctx.index)
+                                   agent_token=ctx.agent_token, index=ctx.index, pin=pin)
             if states.get(target.name) is None or states[target.name].state != state.state:
                 logger.info(f"{target.name}: {state.state}: {state.message}")
             states[target.name] = state
