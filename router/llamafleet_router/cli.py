@@ -33,6 +33,9 @@ def parser() -> argparse.ArgumentParser:
         prog="llamafleet router", description="Prefix-aware OpenAI-compatible gateway."
     )
     p.add_argument("--pods", help="comma-separated llama-server URLs, each optionally `url|agent_url`")
+    p.add_argument("--discovery", choices=["static", "redis"],
+                   help="`redis`: the pods are the fleet membership the operator writes to --redis")
+    p.add_argument("--fleets", help="with --discovery redis: comma-separated `namespace/name` (default: all)")
     index = p.add_mutually_exclusive_group()
     index.add_argument("--redis", dest="redis_url", help="Redis URL of the shared prefix index")
     index.add_argument("--index", choices=["memory", "redis"], help="`memory` for a single replica")
@@ -71,8 +74,19 @@ def build_index(settings: RouterSettings) -> tuple[PrefixIndex, SlotLeases, Any]
 async def run(settings: RouterSettings) -> None:
     index, leases, redis_client = build_index(settings)
     specs = settings.pod_specs
+    owned: list[Any] = []  # Redis clients made for discovery alone (index=memory), closed at the end
 
     def discovery(http: httpx.AsyncClient, fence: FenceHook) -> Discovery:
+        if settings.discovery == "redis":
+            from llamafleet_core.index.redis_index import connect
+            from llamafleet_router.discovery.membership import MembershipDiscovery
+
+            assert settings.redis_url is not None
+            client = redis_client if redis_client is not None else connect(settings.redis_url)
+            if redis_client is None:
+                owned.append(client)
+            return MembershipDiscovery(client, settings.fleets, http, poll_interval=settings.poll_interval,
+                                       model_name=settings.model_name, fence=fence)
         return StaticDiscovery(specs, http, poll_interval=settings.poll_interval,
                                model_name=settings.model_name, fence=fence)
 
@@ -84,8 +98,9 @@ async def run(settings: RouterSettings) -> None:
         await uvicorn.Server(config).serve()
     finally:
         await index.close()
-        if redis_client is not None:
-            await redis_client.aclose()
+        for client in [redis_client, *owned]:
+            if client is not None:
+                await client.aclose()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -95,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"llamafleet router: invalid settings:\n{exc}")
         return 2
     configure_logging(settings.log_level)
-    if not settings.pods:
+    if settings.discovery == "static" and not settings.pods:
         log.warning("no pods configured (--pods or LLAMAFLEET_ROUTER_PODS): every request will get 503")
     with contextlib.suppress(KeyboardInterrupt), asyncio.Runner(loop_factory=loop_factory()) as runner:
         runner.run(run(settings))

@@ -43,6 +43,11 @@ class RouterSettings(BaseSettings):
     port: int = Field(default=8000, ge=0, le=65535)
     #: Static pods: comma-separated llama-server URLs, each optionally followed by `|agent_url`.
     pods: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    #: Where the pods come from: `static` (`pods`) or `redis` (the fleet membership the operator writes
+    #: to redis_url).
+    discovery: Literal["static", "redis"] = "static"
+    #: With `discovery=redis`: comma-separated `namespace/name` fleets to serve; all fleets when empty.
+    fleets: Annotated[list[str], NoDecode] = Field(default_factory=list)
     #: Model name clients use; by default each pod's `model_alias` (or its model file's basename).
     model_name: str | None = None
     #: Redis URL of the shared prefix index (several router replicas share it).
@@ -92,7 +97,7 @@ class RouterSettings(BaseSettings):
     #: Most stage snapshots (special-token boundaries, the last line) saved inside one new session prefix.
     snapshot_stages: int = Field(default=3, ge=0)
 
-    @field_validator("pods", mode="before")
+    @field_validator("pods", "fleets", mode="before")
     @classmethod
     def _split_pods(cls, value: object) -> object:
         if isinstance(value, str):
@@ -106,12 +111,23 @@ class RouterSettings(BaseSettings):
             PodSpec.parse(text)
         return value
 
+    @field_validator("fleets")
+    @classmethod
+    def _check_fleets(cls, value: list[str]) -> list[str]:
+        for text in value:
+            namespace, _, name = text.partition("/")
+            if not namespace or not name or "/" in name:
+                raise ValueError(f"fleet must be `namespace/name`: {text!r}")
+        return value
+
     @model_validator(mode="after")
     def _check_index(self) -> RouterSettings:
         if self.index is None:
             self.index = "redis" if self.redis_url else "memory"
         if self.index == "redis" and not self.redis_url:
             raise ValueError("index=redis needs redis_url")
+        if self.discovery == "redis" and not self.redis_url:
+            raise ValueError("discovery=redis needs redis_url")
         return self
 
     def resolved_agent_token(self) -> str | None:

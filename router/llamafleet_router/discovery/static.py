@@ -66,12 +66,12 @@ class StaticDiscovery:
         self._model_name = model_name
         self._fence = fence
         self._startup_timeout = startup_timeout
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._started = False
 
     async def start(self) -> None:
-        self._tasks = [
-            asyncio.create_task(self._watch(pod), name=f"discovery {pod.spec.url}") for pod in self._pods
-        ]
+        self._started = True
+        self._tasks = {pod.spec.url: self._spawn(pod) for pod in self._pods}
         if self._pods:
             waits = [asyncio.create_task(pod.first_poll.wait()) for pod in self._pods]
             _, pending = await asyncio.wait(waits, timeout=self._startup_timeout)
@@ -79,12 +79,41 @@ class StaticDiscovery:
                 task.cancel()
 
     async def stop(self) -> None:
-        for task in self._tasks:
+        self._started = False
+        for task in self._tasks.values():
             task.cancel()
-        for task in self._tasks:
+        for task in self._tasks.values():
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        self._tasks = []
+        self._tasks = {}
+
+    @property
+    def urls(self) -> set[str]:
+        return {pod.spec.url for pod in self._pods}
+
+    def add(self, spec: PodSpec) -> None:
+        """Watch one more pod (a no-op for a URL already watched); polled at once when started."""
+        if spec.url in self.urls:
+            return
+        pod = _Pod(spec, LlamaClient(spec.url, self._http))
+        self._pods.append(pod)
+        if self._started:
+            self._tasks[spec.url] = self._spawn(pod)
+
+    async def remove(self, url: str) -> None:
+        """Stop watching a pod that left the fleet. Its index entries are fenced: the same URL may come
+        back later as another pod (a reused IP) starting again at epoch 0."""
+        pod = next((p for p in self._pods if p.spec.url == url), None)
+        if pod is None:
+            return
+        self._pods.remove(pod)
+        self._down(pod, "left the fleet")
+        if (task := self._tasks.pop(url, None)) is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if pod.ref is not None and self._fence is not None:
+            await self._fence(pod.ref)
 
     async def endpoints(self) -> list[PodStatus]:
         return [self._status(pod) for pod in self._pods]
@@ -106,6 +135,9 @@ class StaticDiscovery:
     async def poll_once(self) -> None:
         """One refresh of every pod (tests drive discovery with it instead of waiting for the loop)."""
         await asyncio.gather(*(self._refresh(pod) for pod in self._pods))
+
+    def _spawn(self, pod: _Pod) -> asyncio.Task[None]:
+        return asyncio.create_task(self._watch(pod), name=f"discovery {pod.spec.url}")
 
     def _status(self, pod: _Pod) -> PodStatus:
         ref = pod.ref or PodRef(name=pod.spec.url, uid=f"{pod.spec.url}@0", epoch=0)
