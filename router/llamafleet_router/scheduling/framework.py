@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar, runtime_checkable
+from typing import Any, ClassVar, Generic, Literal, Protocol, Self, TypeVar, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict
 
@@ -301,6 +301,19 @@ class PluginParams(BaseModel):
 
 # factory(name, raw params, handle) -> plugin instance; validates its params with its own model.
 PluginFactory = Callable[[str, Mapping[str, Any], PluginHandle], object]
+
+
+class NoParamsPlugin:
+    """Base of the plugins that take no parameters: their name, and a factory that still refuses any
+    parameter given to them (a typo in the config is an error, not silently ignored)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    @classmethod
+    def create(cls, name: str, params: Mapping[str, Any], handle: PluginHandle) -> Self:
+        PluginParams.model_validate(params)
+        return cls(name)
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,29 +11,21 @@ task until a slot frees), which is still better than refusing it. Never empties 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from collections.abc import Sequence
+from typing import ClassVar
 
 from llamafleet_router.scheduling.framework import (
     CycleState,
     EndpointState,
-    PluginHandle,
+    NoParamsPlugin,
     PluginParams,
     PluginSpec,
     SchedRequest,
 )
 
 
-class HasIdleSlotFilter:
+class HasIdleSlotFilter(NoParamsPlugin):
     type_name: ClassVar[str] = "has-idle-slot"
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    @classmethod
-    def create(cls, name: str, params: Mapping[str, Any], handle: PluginHandle) -> HasIdleSlotFilter:
-        PluginParams.model_validate(params)
-        return cls(name)
 
     def filter(
         self, req: SchedRequest, state: CycleState, endpoints: Sequence[EndpointState]

@@ -8,29 +8,21 @@ Produces: nothing. May return an empty list (an unknown model): the API answers 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from collections.abc import Sequence
+from typing import ClassVar
 
 from llamafleet_router.scheduling.framework import (
     CycleState,
     EndpointState,
-    PluginHandle,
+    NoParamsPlugin,
     PluginParams,
     PluginSpec,
     SchedRequest,
 )
 
 
-class ModelFilter:
+class ModelFilter(NoParamsPlugin):
     type_name: ClassVar[str] = "model"
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    @classmethod
-    def create(cls, name: str, params: Mapping[str, Any], handle: PluginHandle) -> ModelFilter:
-        PluginParams.model_validate(params)
-        return cls(name)
 
     def filter(
         self, req: SchedRequest, state: CycleState, endpoints: Sequence[EndpointState]

@@ -9,31 +9,23 @@ the scheduler asks it once per pod (`score_pods`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from collections.abc import Sequence
+from typing import ClassVar
 
 from llamafleet_core.types import SlotRef
 from llamafleet_router.scheduling.framework import (
     Candidate,
     CycleState,
     EndpointState,
-    PluginHandle,
+    NoParamsPlugin,
     PluginParams,
     PluginSpec,
     SchedRequest,
 )
 
 
-class QueueDepthScorer:
+class QueueDepthScorer(NoParamsPlugin):
     type_name: ClassVar[str] = "queue-depth"
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    @classmethod
-    def create(cls, name: str, params: Mapping[str, Any], handle: PluginHandle) -> QueueDepthScorer:
-        PluginParams.model_validate(params)
-        return cls(name)
 
     def score(
         self, req: SchedRequest, state: CycleState, candidates: Sequence[Candidate]
