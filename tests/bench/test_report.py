@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from llamafleet_local.bench import report
 from llamafleet_local.bench.cli import write
 
@@ -95,3 +97,12 @@ def test_write_produces_table_json_and_plots(tmp_path: Path) -> None:
     assert len(saved["targets"]) == 9
     for name in ("seed_table_ttft.png", "seed_table_tokens.png"):
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_reliability_is_the_reliability_command(capsys: pytest.CaptureFixture[str]) -> None:
+    """`llamafleet bench reliability` (the issue's name) reaches the fault scenarios' command."""
+    from llamafleet_local.bench.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["reliability", "--help"])
+    assert exit_.value.code == 0 and "llamafleet reliability" in capsys.readouterr().out

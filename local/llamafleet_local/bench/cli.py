@@ -72,7 +72,14 @@ def write(raw: dict[str, Any], out: Path, stem: str = "seed_table") -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="llamafleet bench", description=__doc__.splitlines()[0])
+    args_in = list(sys.argv[1:] if argv is None else argv)
+    if args_in[:1] == ["reliability"]:
+        # `llamafleet bench reliability` is `llamafleet reliability`: the fault scenarios' figures.
+        from llamafleet_local.reliability.cli import main as reliability_main
+
+        return reliability_main(args_in[1:])
+    parser = argparse.ArgumentParser(prog="llamafleet bench", description=__doc__.splitlines()[0],
+                                     epilog="`llamafleet bench reliability` runs the fault scenarios.")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("seed-table", help="TTFT, reuse, tokens computed, KV and agreement against peers")
     p.add_argument("--models", default="dense,hybrid", help="comma-separated: dense, hybrid (tiny models)")
@@ -83,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=Path("bench/results"))
     p.add_argument("--run-dir", type=Path, default=None, help="process logs (default runs/bench-<time>)")
     p.add_argument("--from-json", type=Path, default=None, help="re-render the outputs of an earlier run")
-    args = parser.parse_args(argv)
+    args = parser.parse_args(args_in)
     if args.from_json is not None:
         raw = json.loads(args.from_json.read_text())
         print(write(raw, args.out))
