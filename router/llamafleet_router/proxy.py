@@ -245,7 +245,7 @@ async def _open(
             "text/event-stream"):
         return upstream, None
     try:
-        return upstream, await anext(upstream.content.iter_any(), b"")
+        return upstream, await _head(upstream)
     except (aiohttp.ClientError, TimeoutError) as exc:
         upstream.close()
         raise PodUnreachable(f"failed before its first byte: {type(exc).__name__}: {exc}") from exc
@@ -274,6 +274,24 @@ async def unless_gone(give_up: asyncio.Event | None, work: Awaitable[T]) -> T:
     with contextlib.suppress(asyncio.CancelledError, Exception):
         await task
     raise PodUnreachable("the pod was marked down (hung or gone) before it answered")
+
+
+# Bytes that show a stream has really started answering (generated text, a tool call, the end, or an
+# error); llama-server may send a role-only chunk before it has computed the prompt.
+_ANSWERING = (b'"content":"', b'"text":"', b'"reasoning_content":"', b'"tool_calls"', b"[DONE]",
+              b'"content_block_delta"', b'"error"', b'"timings"')
+_HEAD_LIMIT = 64 * 1024
+
+
+async def _head(upstream: aiohttp.ClientResponse) -> bytes:
+    """The stream's first chunks, up to the first one that answers: held back so that a pod dying
+    during its prefill fails before the client saw anything, and the request can move."""
+    head = bytearray()
+    async for chunk in upstream.content.iter_any():
+        head += chunk
+        if len(head) > _HEAD_LIMIT or any(mark in head for mark in _ANSWERING):
+            break
+    return bytes(head)
 
 
 async def _prepend(head: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:

@@ -105,22 +105,27 @@ class LocalPod:
                 return child
         return None
 
-    async def start(
-        self, http: httpx.AsyncClient, agent_token: str, timeout: float = 120.0,
-        required: Sequence[str] = (),
-    ) -> None:
-        """Start both processes and declare the snapshots the pod must hold before it is ready (the
-        gateway routes to a pod with an agent only once its `/ready` says 200). A first start requires
-        nothing yet (warming declares it); a restarted pod requires what it held, so it gets no traffic
-        until `warm_pod` has pulled those back. Returns once the agent knows the model's digest, which
-        fingerprints snapshots: warming must not start before."""
+    async def start(self, http: httpx.AsyncClient, agent_token: str, timeout: float = 120.0) -> None:
+        """Start both processes. Nothing is declared to the agent yet: it runs with --await-required, so
+        its `/ready` (which the gateway routes by) stays 503 until the warmer has warmed the pod and
+        declared what it must hold (`LocalFleet.require`). Returns once the agent knows the model's
+        digest, which fingerprints snapshots: warming must not start before."""
         self.ready = False
         self.layout.snapshot_dir.mkdir(parents=True, exist_ok=True)
         self.server.start()
         await self.server.wait_http(self.layout.llama_url + "/health", http, timeout)
+        await self.start_agent(http, agent_token, timeout)
+
+    async def start_agent(
+        self, http: httpx.AsyncClient, agent_token: str, timeout: float = 120.0,
+        required: Sequence[str] | None = None,
+    ) -> None:
+        """Start the agent alone (llama-server already runs), declare `required` when given (a
+        restarted agent beside a warm server), and wait for the model's digest."""
         self.agent.start()
         await self.agent.wait_http(self.layout.agent_url + "/health", http, timeout)
-        await AgentClient(self.layout.agent_url, http, agent_token).set_required(list(required))
+        if required is not None:
+            await AgentClient(self.layout.agent_url, http, agent_token).set_required(list(required))
         deadline = time.monotonic() + timeout
         while not await self._digest_known(http):
             if time.monotonic() > deadline:

@@ -193,7 +193,19 @@ class LocalFleet:
         return self.progress.ready
 
     async def wait_ready(self, timeout: float = 600.0) -> None:
+        """Until every pod is up and warm AND the gateway routes to every pod (its discovery polls, so
+        it sees a pod a moment after the pod's agent became ready)."""
         await asyncio.wait_for(self._ready.wait(), timeout)
+        gateway = self.app.state.gateway if self.app is not None else None
+        if gateway is None or gateway.discovery is None:
+            return
+        deadline = asyncio.get_running_loop().time() + timeout
+        while asyncio.get_running_loop().time() < deadline:
+            statuses = await gateway.discovery.endpoints()
+            if statuses and all(status.ready for status in statuses):
+                return
+            await asyncio.sleep(0.05)
+        raise TimeoutError("the gateway did not route to every pod in time")
 
     def _check_ready(self) -> None:
         if self.progress.ready:

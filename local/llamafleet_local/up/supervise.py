@@ -41,9 +41,27 @@ async def supervise(fleet: LocalFleet, stop: asyncio.Event) -> None:
             if not opts.restart or pod.restarts >= opts.max_restarts:
                 why = "restarts are off" if not opts.restart else f"{pod.restarts} restarts used"
                 raise FleetFailed(f"{child.name} died ({why})")
-            await restart(fleet, pod)
+            if child is pod.agent and pod.server.running:
+                await restart_agent(fleet, pod)
+            else:
+                await restart(fleet, pod)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), POLL_S)
+
+
+async def restart_agent(fleet: LocalFleet, pod: LocalPod) -> None:
+    """Only the agent died: start it again beside the running llama-server, whose requests go on. Its
+    snapshot files are still in the folder; it requires what it held, so it is ready again at once."""
+    pod.restarts += 1
+    fleet.progress.restarts += 1
+    try:
+        await pod.start_agent(fleet.http, fleet.agent_token, fleet.options.pod_timeout,
+                              required=fleet.required_names(pod))
+    except ChildFailed as exc:
+        await pod.stop()
+        raise FleetFailed(f"{pod.name}'s agent did not come back: {exc}") from exc
+    fleet.report()
+    fleet.write_state()
 
 
 async def restart(fleet: LocalFleet, pod: LocalPod) -> None:
@@ -52,15 +70,14 @@ async def restart(fleet: LocalFleet, pod: LocalPod) -> None:
     fleet.progress.restarts += 1
     fleet.progress.pods_up.discard(pod.name)
     fleet.report()
-    held = fleet.required_names(pod)
     await pod.stop()
     try:
-        await pod.start(fleet.http, fleet.agent_token, fleet.options.pod_timeout, required=held)
+        await pod.start(fleet.http, fleet.agent_token, fleet.options.pod_timeout)
     except ChildFailed as exc:
         await pod.stop()
         raise FleetFailed(f"{pod.name} did not come back: {exc}") from exc
-    # The gateway sees the pod again only once its agent holds `held` (its /ready), and purges the
-    # pod's old index entries before that; its snapshot resync then records what the agent holds.
+    # The gateway sees the pod again only once `require` below has declared what it must hold (its
+    # agent's /ready), after warming; it purges the pod's old index entries before that.
     peers = fleet.warm_pods()
     me = next(p for p in peers if p.name == pod.name)
     index = fleet.index.index if fleet.index else None
