@@ -86,9 +86,11 @@ async def run(settings: RouterSettings) -> None:
             if redis_client is None:
                 owned.append(client)
             return MembershipDiscovery(client, settings.fleets, http, poll_interval=settings.poll_interval,
-                                       model_name=settings.model_name, fence=fence)
+                                       model_name=settings.model_name, fence=fence,
+                                       hang_timeout=settings.hang_timeout)
         return StaticDiscovery(specs, http, poll_interval=settings.poll_interval,
-                               model_name=settings.model_name, fence=fence)
+                               model_name=settings.model_name, fence=fence,
+                               hang_timeout=settings.hang_timeout)
 
     app = create_app(settings, index=index, leases=leases, discovery=discovery)
     # access_log off: the gateway logs its own line per request, with the routing decision in it.

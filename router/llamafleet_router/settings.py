@@ -79,6 +79,10 @@ class RouterSettings(BaseSettings):
     retries: int = Field(default=2, ge=0)
     #: Seconds between `/slots` polls of each pod (and `/health` probes of pods marked down).
     poll_interval: float = Field(default=1.0, gt=0)
+    #: Seconds without an answer to `/slots` after which a pod counts as hung and is marked down.
+    #: Unset: max(3, 4 x poll_interval). llama-server answers between two batches, so on slow hardware
+    #: (one batch taking seconds) raise it above one batch's compute time.
+    hang_timeout: float | None = Field(default=None, gt=0)
     #: Seconds between pings of the index while it is degraded (and while healthy, to notice an outage).
     index_ping_interval: float = Field(default=2.0, gt=0)
     #: Log level of the router's JSON logs.

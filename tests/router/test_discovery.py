@@ -122,3 +122,12 @@ async def test_pod_is_marked_down_when_it_hangs() -> None:
         [during] = await disc.endpoints()
         release.set()
     assert before.ready and not during.ready and waited < 4.0
+
+
+def test_hang_bound_is_a_setting_for_slow_hardware() -> None:
+    """Where one batch takes seconds, the hang bound must be raised above it; unset, it follows the
+    poll interval."""
+    http = httpx.AsyncClient()
+    assert StaticDiscovery([], http, poll_interval=0.5)._hang_after == 3.0
+    assert StaticDiscovery([], http, poll_interval=2.0)._hang_after == 8.0
+    assert StaticDiscovery([], http, poll_interval=0.5, hang_timeout=30.0)._hang_after == 30.0

@@ -58,6 +58,7 @@ class MembershipDiscovery:
         fence: FenceHook | None = None,
         startup_timeout: float = 10.0,
         prefix: str = DEFAULT_PREFIX,
+        hang_timeout: float | None = None,
     ) -> None:
         self._redis = redis_client
         #: Empty: every fleet listed in Redis (`P:fleets`), re-read on each refresh.
@@ -65,7 +66,8 @@ class MembershipDiscovery:
         self._prefix = prefix
         self._interval = poll_interval
         self._pods = StaticDiscovery([], http, poll_interval=poll_interval, model_name=model_name,
-                                     fence=fence, startup_timeout=startup_timeout)
+                                     fence=fence, startup_timeout=startup_timeout,
+                                     hang_timeout=hang_timeout)
         self._loop: asyncio.Task[None] | None = None
 
     async def start(self) -> None:

@@ -57,11 +57,12 @@ class StaticDiscovery:
         model_name: str | None = None,
         fence: FenceHook | None = None,
         startup_timeout: float = 10.0,
+        hang_timeout: float | None = None,
     ) -> None:
         self._pods = [_Pod(spec, LlamaClient(spec.url, http)) for spec in pods]
         self._http = http
         self._gone: dict[str, asyncio.Event] = {}
-        self._hang_after = max(3.0, 4 * poll_interval)
+        self._hang_after = hang_timeout or max(3.0, 4 * poll_interval)
         self._interval = poll_interval
         self._model_name = model_name
         self._fence = fence
