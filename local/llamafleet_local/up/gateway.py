@@ -8,14 +8,12 @@ second process could see. The router's JSON logs go to `gateway.log` in the run 
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import socket
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import httpx
 import uvicorn
@@ -23,6 +21,7 @@ from pydantic import SecretStr
 from starlette.applications import Starlette
 
 from llamafleet_core.index.base import PrefixIndex, SlotLeases
+from llamafleet_router import inprocess
 from llamafleet_router.api.info import Readiness
 from llamafleet_router.app import create_app
 from llamafleet_router.discovery.base import Discovery, FenceHook
@@ -115,27 +114,10 @@ class _QuietServer(uvicorn.Server):
         yield
 
 
-@contextlib.asynccontextmanager
-async def serve(app: Starlette, sock: socket.socket, startup_timeout: float = 15.0) -> AsyncIterator[str]:
-    """Serve `app` with uvicorn on the bound socket; yields the base URL, stops it on exit."""
-    host, port = sock.getsockname()[:2]
-    config = uvicorn.Config(app, lifespan="on", log_config=None, access_log=False,
-                            timeout_graceful_shutdown=5)
-    server = _QuietServer(config)
-    task: asyncio.Task[Any] = asyncio.create_task(server.serve(sockets=[sock]), name="gateway")
-    try:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + startup_timeout
-        while not server.started:
-            if task.done():
-                task.result()
-                raise RuntimeError("the gateway exited during startup (see gateway.log)")
-            if loop.time() > deadline:
-                raise TimeoutError("the gateway did not start in time (see gateway.log)")
-            await asyncio.sleep(0.02)
-        yield f"http://{host}:{port}"
-    finally:
-        server.should_exit = True
-        with contextlib.suppress(asyncio.CancelledError, asyncio.TimeoutError):
-            await asyncio.wait_for(task, timeout=startup_timeout)
-        sock.close()
+def serve(
+    app: Starlette, sock: socket.socket, startup_timeout: float = 15.0
+) -> contextlib.AbstractAsyncContextManager[str]:
+    """Serve `app` with uvicorn on the bound socket (the gateway's own serve loop, without uvicorn's
+    signal handlers); yields the base URL, stops it on exit."""
+    return inprocess.serve(app, startup_timeout=startup_timeout, sock=sock, server_cls=_QuietServer,
+                           graceful_shutdown=5)
