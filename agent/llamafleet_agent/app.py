@@ -31,6 +31,7 @@ from llamafleet_agent.required import Requirements
 from llamafleet_agent.service import LlamaLike, SnapshotService
 from llamafleet_agent.settings import AgentSettings
 from llamafleet_agent.store import Refused, SnapshotStore
+from llamafleet_core.gguf_meta import model_resume_kind
 
 M = TypeVar("M", bound=BaseModel)
 # Probes: the kubelet cannot send the shared token, and readiness reveals nothing sensitive.
@@ -136,6 +137,8 @@ def create_app(
     requirements.load()
     service.required = requirements.names
     limit = settings.max_body_bytes
+    # Read once: the router needs it to predict what a slot of this pod can resume from (gguf_meta.py).
+    resume = model_resume_kind(settings.model_file, swa_full=settings.swa_full)
 
     def operation(op: str) -> Callable[[Callable[[Request], Awaitable[Any]]], Callable[..., Any]]:
         """Turn a handler's result or `Refused` into a response, counting outcomes and time per op."""
@@ -179,7 +182,7 @@ def create_app(
         required = requirements.status(fingerprint)
         ok = llama_ok and digest_ok and fingerprint is not None and required.satisfied
         body = {"ready": ok, "llama": llama_ok, "model_digest": digest_ok, "declared": required.declared,
-                "required": required.required, "missing": required.missing}
+                "required": required.required, "missing": required.missing, "resume": resume}
         return JSONResponse(body, status_code=200 if ok else 503)
 
     async def metrics_endpoint(request: Request) -> Response:

@@ -35,6 +35,9 @@ class Endpoint:
     agent_url: str | None = None  # the snapshot agent beside it, if any
     ready: bool = True
     attach: bool = False  # a patched build with --slot-attach
+    # False when the model's slots resume only at llama-server's context checkpoints (recurrent or
+    # sliding-window layers, see gguf_meta.py): a slot holding more than the prompt shares gives less.
+    resume_anywhere: bool = True
     labels: tuple[tuple[str, str], ...] = ()
 
     @property

@@ -21,6 +21,7 @@ from llamafleet_agent import AgentSettings, create_app
 from llamafleet_core.agent_client import AgentClient, AgentError
 from llamafleet_core.snapshot import Fingerprint, SnapshotManifest, tokens_sha256
 from tests.agent.test_store import _state_file
+from tests.fixtures.llama import TinyModels
 
 TOKEN = "offline-token"
 MODEL_SHA = "c" * 64
@@ -165,6 +166,20 @@ async def test_probes_public_and_ready_when_digest_known(tmp_path: Path) -> None
         app.state.service.start_digest()
         resp = await raw.get("/ready")
         assert resp.status_code == 200 and resp.json()["model_digest"]
+
+
+async def test_ready_says_how_the_models_slots_resume(tmp_path: Path, tiny_models: TinyModels) -> None:
+    """The router learns from /ready whether slots of this pod resume anywhere (attention-only) or only
+    at context checkpoints (the hybrid model's recurrent layers): read from the model file itself."""
+    got = {}
+    for name, path in (("dense", tiny_models.dense), ("hybrid", tiny_models.hybrid)):
+        app = _app(tmp_path / name, httpx.AsyncClient(), model_file=path)
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://a") as raw:
+            app.state.service.start_digest()
+            resp = await raw.get("/ready")
+            assert resp.status_code == 200
+            got[name] = resp.json()["resume"]
+    assert got == {"dense": "anywhere", "hybrid": "checkpoints"}
 
 
 def test_cli_flags_override_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -75,6 +75,28 @@ def test_sessions_share_the_session_prefix_when_only_the_last_user_message_diffe
 
 
 @pytest.mark.parametrize("name", TEMPLATES)
+@pytest.mark.parametrize("tools", [True, False])
+def test_shared_prefix_ends_before_the_first_user_message_when_the_conversation_has_history(
+    name: str, tools: bool
+) -> None:
+    """Every session of an agent shares tools and system prompt, not its history: the shared cut of a
+    later turn is the session cut of a first turn with the same head, and lies before the history."""
+    later = chat_identity(history("the next question", tools=tools, turns=2), TEMPLATES[name], model="m")
+    first = chat_identity(history("question 0", tools=tools, turns=0), TEMPLATES[name], model="m")
+    assert first.shared_chars == first.session_prefix_chars
+    assert later.shared_chars == first.session_prefix_chars < later.session_prefix_chars
+    assert later.text[: later.shared_chars] == first.text[: first.session_prefix_chars]
+    assert later.text[later.shared_chars:].startswith("<|im_start|>user\nquestion 0")
+
+
+def test_shared_prefix_is_the_session_prefix_in_the_fallback_render_of_a_first_turn() -> None:
+    ident = chat_identity(history("q", turns=0), None, model="m")
+    assert ident.shared_chars == ident.session_prefix_chars
+    later = chat_identity(history("q", turns=1), None, model="m")
+    assert later.shared_chars == ident.session_prefix_chars < later.session_prefix_chars
+
+
+@pytest.mark.parametrize("name", TEMPLATES)
 def test_cut_stays_before_the_last_user_message_when_tool_turns_follow_it(name: str) -> None:
     ident = chat_identity(history("do it", tail_tool=True), TEMPLATES[name], model="m")
     rest = ident.text[ident.session_prefix_chars:]

@@ -147,11 +147,13 @@ class FakeFleet:
     def __init__(self, *pods: FakePod) -> None:
         self.pods = {pod.url: pod for pod in pods}
         self.agents_ready: dict[str, bool] = {}  # agent base URL -> its /ready answer
+        self.agents_body: dict[str, dict[str, object]] = {}  # agent base URL -> its /ready JSON body
 
     def handler(self, request: httpx.Request) -> httpx.Response:
         base = f"{request.url.scheme}://{request.url.host}:{request.url.port}"
         if base in self.agents_ready and request.url.path == "/ready":
-            return httpx.Response(200 if self.agents_ready[base] else 503, json={})
+            status = 200 if self.agents_ready[base] else 503
+            return httpx.Response(status, json=self.agents_body.get(base, {}))
         pod = self.pods.get(base)
         if pod is None:
             raise httpx.ConnectError("no route to host", request=request)

@@ -131,3 +131,24 @@ def test_hang_bound_is_a_setting_for_slow_hardware() -> None:
     assert StaticDiscovery([], http, poll_interval=0.5)._hang_after == 3.0
     assert StaticDiscovery([], http, poll_interval=2.0)._hang_after == 8.0
     assert StaticDiscovery([], http, poll_interval=0.5, hang_timeout=30.0)._hang_after == 30.0
+
+
+async def test_pod_resumes_only_at_checkpoints_when_its_agent_says_so() -> None:
+    """The agent reads the model file (gguf_meta.py) and says how slots resume; a pod whose agent does
+    not say (an older agent) or that has none keeps the attention-only default."""
+    hybrid, plain, older = FakePod(URL, model="m"), FakePod("http://pod-y:8080", model="m"), \
+        FakePod("http://pod-z:8080", model="m")
+    fleet = FakeFleet(hybrid, plain, older)
+    for agent in ("http://agent-x:9000", "http://agent-z:9000"):
+        fleet.agents_ready[agent] = True
+    fleet.agents_body["http://agent-x:9000"] = {"ready": True, "resume": "checkpoints"}
+    specs = [PodSpec.parse(f"{URL}|http://agent-x:9000"), PodSpec.parse("http://pod-y:8080"),
+             PodSpec.parse("http://pod-z:8080|http://agent-z:9000")]
+    async with fleet.client() as http:
+        disc = StaticDiscovery(specs, http, poll_interval=60)
+        await disc.start()
+        try:
+            got = {s.endpoint.url: s.endpoint.resume_anywhere for s in await disc.endpoints()}
+        finally:
+            await disc.stop()
+    assert got == {URL: False, "http://pod-y:8080": True, "http://pod-z:8080": True}

@@ -132,3 +132,19 @@ def test_the_agent_token_comes_from_settings_or_a_file_and_never_shows_in_repr(t
     config = SnapshotConfig.from_settings(RouterSettings(agent_token_file=token_file))
     assert config is not None and config.token == "s3cret" and "s3cret" not in repr(config)
     assert "s3cret" not in repr(RouterSettings(agent_token=SecretStr("s3cret")))
+
+
+def test_first_sight_builds_the_shared_head_not_a_conversations_own_prefix() -> None:
+    """A later turn's session prefix holds its history, which no other session sends: first sight
+    targets the shared head (tools and system prompt) instead, once for every session of the agent."""
+    from llamafleet_router.scheduling.framework import SchedRequest
+    from llamafleet_router.snapshots.flow import _prompt
+
+    history = "<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\nhi there<|im_end|>\n"
+    text = SYSTEM + history + "<|im_start|>user\nand now?<|im_end|>\n<|im_start|>assistant\n"
+    later = PromptIdentity("m", text, block_chain(text, seed="m", block_chars=BC), BC, len(SYSTEM + history),
+                           "template", len(SYSTEM))
+    prompt = _prompt(SchedRequest(request_id="r", model="m", prompt=later))
+    assert prompt is not None and prompt.session_chars == len(SYSTEM)
+    first = _prompt(SchedRequest(request_id="r", model="m", prompt=identity()))
+    assert first is not None and first.session_chars == len(SYSTEM)

@@ -47,6 +47,14 @@ class PromptIdentity:
     block_chars: int
     session_prefix_chars: int
     rendered_by: RenderedBy
+    # Where the FIRST user message starts (tools and system prompt: what every session of an agent
+    # shares). Equal to `session_prefix_chars` for a first turn; shorter once a conversation has history,
+    # whose own prefix (history included) no other session will send. None: same as the session prefix.
+    shared_prefix_chars: int | None = None
+
+    @property
+    def shared_chars(self) -> int:
+        return self.session_prefix_chars if self.shared_prefix_chars is None else self.shared_prefix_chars
 
     @property
     def session_blocks(self) -> tuple[str, ...]:
@@ -94,12 +102,10 @@ def _lcp(a: str, b: str) -> int:
     return lo
 
 
-def _last_user_index(messages: list[Any]) -> int:
-    for i in range(len(messages) - 1, -1, -1):
-        msg = messages[i]
-        if isinstance(msg, Mapping) and msg.get("role") == "user":
-            return i
-    return -1
+def _user_indices(messages: list[Any]) -> tuple[int, int]:
+    """Indices of the first and the last user message ((-1, -1) when there is none)."""
+    users = [i for i, m in enumerate(messages) if isinstance(m, Mapping) and m.get("role") == "user"]
+    return (users[0], users[-1]) if users else (-1, -1)
 
 
 def _probe_content(content: Any) -> str:
@@ -113,10 +119,10 @@ def _probe_content(content: Any) -> str:
 
 def _session_cut(
     template: ChatTemplate | None, body: Mapping[str, Any], messages: list[Any], full: str,
-    path: str, markers: Sequence[str] | None,
+    path: str, markers: Sequence[str] | None, idx: int,
 ) -> tuple[int, str]:
-    """The cut, and the render it was found with: `full[:cut]` is a prefix of that render too."""
-    idx = _last_user_index(messages)
+    """The cut before user message `idx`, and the render it was found with: `full[:cut]` is a prefix of
+    that render too."""
     if idx < 0:
         return len(full), full
     if path == "fallback":
@@ -177,13 +183,18 @@ def chat_identity(
     try:
         # The full prompt ends in a new question: rendered once, so not through the render cache.
         rendered = render_chat(template, body, remember=False)
-        cut, basis = _session_cut(template, body, messages, rendered.text, rendered.path, markers)
+        first, last = _user_indices(messages)
+        cut, basis = _session_cut(template, body, messages, rendered.text, rendered.path, markers, last)
+        shared = cut
+        if first != last:  # a conversation with history: the probe render of its head is cached
+            shared = min(cut, _session_cut(
+                template, body, messages, rendered.text, rendered.path, markers, first)[0])
         if block_chars <= 0:
             raise ValueError("block_chars must be positive")
         blocks = _chain(rendered.text, cut, basis, template, model, block_chars)
     except (ValueError, TypeError, RecursionError) as exc:  # e.g. block_chars <= 0, unencodable seed
         raise PromptError(str(exc)) from exc
-    return PromptIdentity(model, rendered.text, blocks, block_chars, cut, rendered.path)
+    return PromptIdentity(model, rendered.text, blocks, block_chars, cut, rendered.path, shared)
 
 
 def completion_identity(

@@ -44,6 +44,7 @@ class _Pod:
     props: PodProps | None = None
     busy: frozenset[int] = frozenset()
     shape: tuple[tuple[int, int], ...] | None = None
+    resume_anywhere: bool = True  # from the agent's /ready (gguf_meta.py); pods without agents: True
     first_poll: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -149,6 +150,7 @@ class StaticDiscovery:
             n_slots=pod.props.total_slots if pod.props else 0,
             agent_url=pod.spec.agent_url,
             ready=pod.up,
+            resume_anywhere=pod.resume_anywhere,
         )
         return PodStatus(endpoint=endpoint, props=pod.props, busy_slots=pod.busy if pod.up else frozenset())
 
@@ -169,7 +171,11 @@ class StaticDiscovery:
             resp = await self._http.get(pod.spec.agent_url.rstrip("/") + "/ready", timeout=5.0)
         except httpx.HTTPError:
             return False
-        return resp.status_code == 200
+        if resp.status_code != 200:
+            return False
+        with contextlib.suppress(ValueError, AttributeError):  # an older agent's body: keep the default
+            pod.resume_anywhere = resp.json().get("resume") != "checkpoints"
+        return True
 
     async def _refresh(self, pod: _Pod) -> None:
         if not pod.up:

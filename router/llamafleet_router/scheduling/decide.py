@@ -38,6 +38,7 @@ from llamafleet_router.scheduling.lookup_view import (
     held_blocks,
     pod_best_blocks,
     restorable_snapshots,
+    resumable,
     slot_blocks,
 )
 
@@ -133,12 +134,12 @@ def choose_action(
     """Pure: what to do with the picked slot (see the module docstring for the rules)."""
     # The index only knows prefixes of this chain, but never predict more than the prompt has.
     total = len(prompt.blocks)
-    held = min(held_blocks(lookup, endpoint, slot), total)
+    held = min(held_blocks(lookup, endpoint, slot, prompt), total)
     if costs.restore_enabled:
         snap = best_restore(prompt, endpoint, held, lookup, costs)
         if snap is not None:
             return ActionChoice(Action.RESTORE, snap, min(snap.n_blocks, total), "restore")
-    pod_best = min(pod_best_blocks(lookup, endpoint.pod.uid), total)
+    pod_best = min(resumable(pod_best_blocks(lookup, endpoint.pod.uid), endpoint, prompt), total)
     if held > 0 and held >= pod_best:
         own = slot_blocks(lookup, endpoint.pod.uid, slot)
         return ActionChoice(Action.DIRECT, None, held, "slot_hit" if own >= held else "pod_hit")

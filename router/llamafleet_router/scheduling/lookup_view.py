@@ -10,6 +10,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from llamafleet_core.types import Endpoint, Lookup, SlotRef, SnapshotRef
+from llamafleet_router.scheduling.framework import PromptLike
+
+# Where llama-server leaves a context checkpoint near the end of each prompt it processes: n_ubatch + 4
+# tokens before it (reference/llama-server.md section 3, default n_ubatch 512), at ~4 characters a token.
+CHECKPOINT_GAP_CHARS = (512 + 4) * 4
 
 
 def slot_blocks(lookup: Lookup, pod_uid: str, slot: int) -> int:
@@ -33,15 +38,36 @@ def pod_best_slot(lookup: Lookup, pod_uid: str, n_slots: int) -> tuple[int, int]
     return best
 
 
-def held_blocks(lookup: Lookup, endpoint: Endpoint, slot: int) -> int:
+def held_blocks(lookup: Lookup, endpoint: Endpoint, slot: int, prompt: PromptLike | None = None) -> int:
     """What a request pinned to this slot reuses without restoring anything.
 
     A patched build with --slot-attach shares the pod's cached prefix with every slot, so there the pod's
-    best counts; an upstream build reuses only what this very slot holds.
+    best counts; an upstream build reuses only what this very slot holds. With `prompt`, what the slot
+    can resume from (`resumable`) rather than what it holds.
     """
-    if endpoint.attach:
-        return pod_best_blocks(lookup, endpoint.pod.uid)
-    return slot_blocks(lookup, endpoint.pod.uid, slot)
+    held = (pod_best_blocks(lookup, endpoint.pod.uid) if endpoint.attach
+            else slot_blocks(lookup, endpoint.pod.uid, slot))
+    return held if prompt is None else resumable(held, endpoint, prompt)
+
+
+def resumable(held: int, endpoint: Endpoint, prompt: PromptLike) -> int:
+    """Of `held` matching blocks, those a slot of this pod can resume from.
+
+    Attention-only models resume at the exact divergence. A model with recurrent or windowed layers
+    (`Endpoint.resume_anywhere` False) resumes only at a context checkpoint. A slot that matches no more
+    than the prompt's shared head (tools and system prompt) holds that head followed by another session's
+    question, and the server's latest usable checkpoint there lies about `n_ubatch + 4` tokens before that
+    question ended (measured: ~500 tokens computed again for a "hit"; restoring the head's snapshot costs
+    milliseconds), so the match counts that much short. A slot matching past the head holds this very
+    conversation, whose previous turn left a checkpoint just before its end: the match counts whole.
+    """
+    if endpoint.resume_anywhere or held <= 0:
+        return held
+    shared = getattr(prompt, "shared_chars", None)
+    shared_blocks = shared // prompt.block_chars if isinstance(shared, int) else len(prompt.session_blocks)
+    if held > shared_blocks:
+        return held
+    return max(0, held - -(-CHECKPOINT_GAP_CHARS // prompt.block_chars))
 
 
 def restorable_snapshots(lookup: Lookup, endpoint: Endpoint) -> Iterator[tuple[SnapshotRef, bool]]:

@@ -25,6 +25,7 @@ class FakePrompt:
     blocks: tuple[str, ...]
     block_chars: int = BLOCK_CHARS
     session_prefix_chars: int = 0
+    shared_chars: int = 0
 
     @property
     def session_blocks(self) -> tuple[str, ...]:
@@ -44,8 +45,11 @@ def request(
     session_id: str | None = None,
     request_id: str = "r1",
     model: str = MODEL,
+    shared_blocks: int | None = None,
 ) -> SchedRequest:
-    prompt = FakePrompt(model, chain(tag, n_blocks), session_prefix_chars=session_blocks * BLOCK_CHARS)
+    shared = session_blocks if shared_blocks is None else shared_blocks
+    prompt = FakePrompt(model, chain(tag, n_blocks), session_prefix_chars=session_blocks * BLOCK_CHARS,
+                        shared_chars=shared * BLOCK_CHARS)
     return SchedRequest(request_id=request_id, model=model, prompt=prompt, session_id=session_id)
 
 
@@ -57,6 +61,7 @@ def endpoint(
     agent: bool = True,
     ready: bool = True,
     attach: bool = False,
+    resume_anywhere: bool = True,
 ) -> Endpoint:
     return Endpoint(
         pod=PodRef(name=name, uid=f"uid-{name}", epoch=1),
@@ -66,6 +71,7 @@ def endpoint(
         agent_url=f"http://{name}:8081" if agent else None,
         ready=ready,
         attach=attach,
+        resume_anywhere=resume_anywhere,
     )
 
 

@@ -74,3 +74,35 @@ def test_cost_model_is_linear_in_its_parameters() -> None:
         restore_seconds(snap, True, costs)
         == 2.0 + 2e6 / costs.transfer_bytes_per_s + costs.transfer_overhead_s
     )
+
+
+def test_hybrid_slot_holding_only_the_shared_head_restores_the_exact_snapshot_instead() -> None:
+    """On a model that resumes only at checkpoints, a slot that matches the prompt's shared head and no
+    more holds another session's question after it: the server would resume ~500 tokens early, so
+    restoring the head's snapshot (milliseconds) wins. On an attention-only model the slot gives the
+    whole head and is used directly."""
+    prompt = request(n_blocks=40, session_blocks=30).prompt
+    lookup = Lookup(slots={slot("b", 1): 30}, snapshots=(snapshot("head", "b", 30),))
+    hybrid = choose_action(prompt, endpoint("b", resume_anywhere=False), 1, lookup, ActionCosts())
+    assert (hybrid.action, hybrid.branch) == (Action.RESTORE, "restore")
+    assert hybrid.snapshot is not None and hybrid.snapshot.name == "head"
+    dense = choose_action(prompt, endpoint("b"), 1, lookup, ActionCosts())
+    assert (dense.action, dense.predicted_blocks, dense.branch) == (Action.DIRECT, 30, "slot_hit")
+
+
+def test_hybrid_slot_holding_this_conversation_past_its_head_is_used_directly() -> None:
+    """A later turn whose slot matches past the shared head (its own history) resumes at the checkpoint
+    its previous turn left near its end: the whole match counts."""
+    prompt = request(n_blocks=40, session_blocks=36, shared_blocks=30).prompt
+    lookup = Lookup(slots={slot("b", 1): 35}, snapshots=(snapshot("head", "b", 30),))
+    choice = choose_action(prompt, endpoint("b", resume_anywhere=False), 1, lookup, ActionCosts())
+    assert (choice.action, choice.predicted_blocks, choice.branch) == (Action.DIRECT, 35, "slot_hit")
+
+
+def test_hybrid_slot_short_of_its_checkpoint_gap_counts_nothing_and_computes() -> None:
+    """Without a snapshot, a hybrid slot matching a few blocks is predicted to give nothing (its
+    checkpoints lie before them), so the prediction the verification compares against is honest."""
+    prompt = request(n_blocks=40, session_blocks=30).prompt
+    lookup = Lookup(slots={slot("b", 1): 5})
+    choice = choose_action(prompt, endpoint("b", resume_anywhere=False), 1, lookup, ActionCosts())
+    assert (choice.action, choice.predicted_blocks, choice.branch) == (Action.COMPUTE, 0, "cold")

@@ -61,6 +61,18 @@ def test_prefix_match_uses_pod_level_match_when_build_attaches() -> None:
     assert set(scores.values()) == {0.5}
 
 
+def test_prefix_match_counts_a_hybrid_slots_match_short_of_its_checkpoint_gap() -> None:
+    """A checkpoint-resuming pod's slot matching only the shared head scores what it can resume from
+    (the head less ~9 blocks); past the head (its own conversation) the whole match counts."""
+    hybrid, dense = state("a", resume_anywhere=False), state("b")
+    lookup = Lookup(slots={slot("a", 0): 30, slot("a", 1): 35, slot("b", 0): 30})
+    req = request(n_blocks=40, session_blocks=36, shared_blocks=30)
+    scores = PrefixMatchScorer("pm").score(req, with_lookup(lookup), candidates(hybrid, dense))
+    assert scores[slot("b", 0)] == 30 / 40
+    assert scores[slot("a", 0)] == 21 / 40  # 30 blocks less ceil(2064 / 256) = 9
+    assert scores[slot("a", 1)] == 35 / 40
+
+
 def test_prefix_match_is_zero_when_lookup_is_empty_or_prompt_has_no_blocks() -> None:
     a = state("a")
     assert set(PrefixMatchScorer("pm").score(request(), CycleState(), candidates(a)).values()) == {0.0}

@@ -4,7 +4,8 @@ Type: `prefix-match`
 Parameters: none.
 Consumes: `lookup` (from `prefix-lookup`).
 Score: `held / total` where `total = len(prompt.blocks)` and `held` is the leading blocks this slot holds
-(on a --slot-attach build, what any slot of the pod holds, since the pod shares it). 0 for an empty
+(on a --slot-attach build, what any slot of the pod holds, since the pod shares it), counted as
+`lookup_view.resumable` on pods whose model resumes only at checkpoints. 0 for an empty
 prompt or an empty lookup (index down: the degraded hash takes over); a `GatedScorer`, skipped then.
 
 A candidate on a pod where another (busy) slot holds more gets only its own slot's share here; the
@@ -26,7 +27,7 @@ from llamafleet_router.scheduling.framework import (
     PluginSpec,
     SchedRequest,
 )
-from llamafleet_router.scheduling.lookup_view import held_blocks
+from llamafleet_router.scheduling.lookup_view import held_blocks, resumable
 
 
 class PrefixMatchScorer:
@@ -61,6 +62,8 @@ class PrefixMatchScorer:
                     held = pod_best[uid] = held_blocks(lookup, c.endpoint, c.slot)
             else:
                 held = slots.get(c.key, 0)  # held_blocks without building a SlotRef
+            if not c.endpoint.resume_anywhere:
+                held = resumable(held, c.endpoint, req.prompt)
             out[c.key] = min(held, total) / total
         return out
 

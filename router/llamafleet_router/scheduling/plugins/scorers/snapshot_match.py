@@ -62,12 +62,12 @@ class SnapshotMatchScorer:
             return {c.key: 0.0 for c in candidates}
         # The exact-text check hashes up to the whole prompt: once per snapshot, not per candidate.
         usable = Lookup(lookup.slots, tuple(s for s in lookup.snapshots if extends_strictly(req.prompt, s)))
-        return {c.key: self._one(c, usable, total) for c in candidates}
+        return {c.key: self._one(c, usable, req, total) for c in candidates}
 
-    def _one(self, c: Candidate, lookup: Lookup, total: int) -> float:
+    def _one(self, c: Candidate, lookup: Lookup, req: SchedRequest, total: int) -> float:
         if c.endpoint.agent_url is None:
             return 0.0
-        held = held_blocks(lookup, c.endpoint, c.slot)
+        held = held_blocks(lookup, c.endpoint, c.slot, req.prompt)
         best = 0.0
         for snap, remote in restorable_snapshots(lookup, c.endpoint):
             if snap.n_blocks <= held:
