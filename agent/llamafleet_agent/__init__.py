@@ -7,6 +7,8 @@ It owns the server's `--slot-save-path` folder. Routes (all but `/health` need t
 - `POST /v1/snapshots/{name}/restore {slot}` -> {n_tokens, verify_ms, restore_ms, total_ms}
 - `GET /v1/snapshots`, `GET|DELETE /v1/snapshots/{name}`, `GET /v1/snapshots/{name}/file`
 - `GET|PUT /v1/required {snapshots}`: the snapshots this pod must hold to be ready (`required.py`)
+- `GET /v1/info`: pod, fleet, and the `features` of this pod's llama-server build (read from the
+  detector's `--help` text, `features.py`)
 - `GET /v1/fingerprint` (this pod's), `GET /health`, `GET /ready` (503 naming missing required
   snapshots), `GET /metrics`
 

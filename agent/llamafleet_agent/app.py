@@ -26,6 +26,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from llamafleet_agent import files
+from llamafleet_agent.features import FeatureReport
 from llamafleet_agent.metrics import AgentMetrics
 from llamafleet_agent.required import Requirements
 from llamafleet_agent.service import LlamaLike, SnapshotService
@@ -136,6 +137,7 @@ def create_app(
     requirements = Requirements(store, await_declaration=settings.await_required)
     requirements.load()
     service.required = requirements.names
+    report = FeatureReport(settings.server_help_file, metrics)
     limit = settings.max_body_bytes
     # Read once: the router needs it to predict what a slot of this pod can resume from (gguf_meta.py).
     resume = model_resume_kind(settings.model_file, swa_full=settings.swa_full)
@@ -194,6 +196,11 @@ def create_app(
     @operation("fingerprint")
     async def fingerprint(request: Request) -> Any:
         return await service.fingerprint()
+
+    @operation("info")
+    async def info(request: Request) -> Any:
+        return {"pod": settings.pod_name, "fleet": settings.fleet, "model": settings.model_name,
+                "attach": settings.attach, "features": report.to_json()}
 
     @operation("list")
     async def list_snapshots(request: Request) -> Any:
@@ -269,6 +276,7 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         store.cleanup_temps()
+        report.load()
         service.start_digest()  # hash the model while llama-server is still loading it
         yield
 
@@ -277,6 +285,7 @@ def create_app(
         Route("/ready", ready, methods=["GET"]),
         Route("/metrics", metrics_endpoint, methods=["GET"]),
         Route("/v1/fingerprint", fingerprint, methods=["GET"]),
+        Route("/v1/info", info, methods=["GET"]),
         Route("/v1/snapshots", list_snapshots, methods=["GET"]),
         Route("/v1/required", get_required, methods=["GET"]),
         Route("/v1/required", put_required, methods=["PUT"]),

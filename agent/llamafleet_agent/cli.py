@@ -33,6 +33,7 @@ _FLAGS: tuple[tuple[tuple[str, ...], str, Any], ...] = (
     (("--flash-attn",), "flash_attn", str),
     (("--slots",), "slots", int),
     (("--token-file",), "token_file", str),
+    (("--server-help-file",), "server_help_file", str),
     (("--budget-bytes",), "budget_bytes", int),
     (("--pod-name",), "pod_name", str),
     (("--host",), "host", str),

@@ -46,3 +46,14 @@ class AgentMetrics:
         self.stored_count = Gauge(
             "llamafleet_agent_snapshots", "Snapshots in the folder.", registry=registry
         )
+        self.features_known = Gauge(
+            "llamafleet_agent_server_features_known",
+            "1 once this pod's llama-server help text was read and recognised, else 0.",
+            registry=registry,
+        )
+        self.server_feature = Gauge(
+            "llamafleet_agent_server_feature",
+            "1 when this pod's llama-server build accepts the prefix-sharing flag of `feature`.",
+            ["feature"],
+            registry=registry,
+        )

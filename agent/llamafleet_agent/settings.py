@@ -26,6 +26,8 @@ class AgentSettings(BaseSettings):
     model_name: str = ""
     fleet: str = ""  # the LlamaFleet this pod belongs to (logs, metrics)
     attach: bool = False  # llama-server runs a patched build with --slot-attach (reported, not used yet)
+    # `llama-server --help` as the pod's detector init container wrote it; reported as `features`.
+    server_help_file: Path | None = None
 
     # The server's launch settings, from the same pod spec (see the module docstring).
     cache_type_k: str = "f16"

@@ -67,6 +67,11 @@ class AgentClient:
     async def fingerprint(self) -> Fingerprint:
         return Fingerprint.model_validate(await self._call("GET", "/v1/fingerprint"))
 
+    async def info(self) -> dict[str, Any]:
+        """`GET /v1/info`: the pod, its fleet, and its llama-server's `features` as the agent read them."""
+        data = await self._call("GET", "/v1/info", wait=10.0)
+        return dict(data) if isinstance(data, dict) else {}
+
     async def save(
         self,
         slot: int,

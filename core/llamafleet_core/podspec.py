@@ -23,8 +23,12 @@ MODEL_DIR = "/models"
 SNAPSHOT_DIR = "/snapshots"
 SECRETS_DIR = "/var/run/secrets/llamafleet"
 
-# Flags only a patched llama-server knows (the --slot-attach proposal); upstream rejects them.
-PATCHED_ONLY_FLAGS = ("--slot-attach",)
+# Flags only a patched llama-server knows (the prefix-sharing proposal); upstream rejects them.
+PATCHED_ONLY_FLAGS = ("--slot-attach", "--cache-prefix")
+# Where the detector init container writes `llama-server --help` and the agent reads it: the pod's /tmp
+# emptyDir, which both share. Not the snapshot folder: a claim there outlives the pod, and an old
+# image's help text must never describe a new image.
+SERVER_HELP_FILE = "/tmp/llamafleet/llama-server-help.txt"
 # Share of the snapshot volume the agent may fill when no explicit budget is set: headroom for the file
 # being written while the oldest one is evicted.
 DEFAULT_BUDGET_SHARE = 0.9
@@ -41,6 +45,23 @@ def attach_enabled(spec: LlamaFleetSpec, *, supported: bool) -> bool:
     if mode == "on":
         return True
     return mode == "auto" and supported and spec.kv_unified
+
+
+def cache_prefix_enabled(spec: LlamaFleetSpec, *, supported: bool) -> bool:
+    """Resolve `prefixSharing.cachePrefix`: `auto` needs a supporting image and the RAM cache left on."""
+    mode = spec.prefix_sharing.cache_prefix
+    if mode == "on":
+        return True
+    return mode == "auto" and supported and spec.cache_ram_mib != 0
+
+
+def detects_features(spec: LlamaFleetSpec) -> bool:
+    """Whether the image's features could change the rendering, i.e. whether to detect them at all.
+
+    Only an `auto` flag whose other conditions hold depends on the image; pods of any other spec get no
+    detector, so they start exactly as before and images without a shell run unchanged."""
+    return (cache_prefix_enabled(spec, supported=True) and spec.prefix_sharing.cache_prefix == "auto") or (
+        attach_enabled(spec, supported=True) and spec.prefix_sharing.attach == "auto")
 
 
 def snapshot_budget_bytes(spec: LlamaFleetSpec) -> int:
@@ -72,8 +93,10 @@ def llama_server_args(
     api_key_file: str | None = None,
     host: str = "0.0.0.0",
     attach: bool = False,
+    cache_prefix: bool = False,
 ) -> list[str]:
-    """llama-server's argv (without the program), from the spec; `attach` from `attach_enabled()`."""
+    """llama-server's argv (without the program), from the spec; `attach` from `attach_enabled()`,
+    `cache_prefix` from `cache_prefix_enabled()`."""
     args = [
         "-m", model_path,
         "-a", spec.model.name,
@@ -107,7 +130,9 @@ def llama_server_args(
     if api_key_file is not None:
         args += ["--api-key-file", api_key_file]
     if attach:
-        args += list(PATCHED_ONLY_FLAGS)
+        args += ["--slot-attach"]
+    if cache_prefix:
+        args += ["--cache-prefix"]
     return args + list(spec.extra_args)
 
 
@@ -122,6 +147,7 @@ def agent_args(
     fleet: str | None = None,
     token_file: str | None = None,
     attach: bool = False,
+    server_help_file: str | None = None,
 ) -> list[str]:
     """`llamafleet agent`'s argv (after the subcommand).
 
@@ -153,4 +179,6 @@ def agent_args(
         args += ["--token-file", token_file]
     if attach:
         args += ["--attach"]
+    if server_help_file is not None:
+        args += ["--server-help-file", server_help_file]
     return args

@@ -16,20 +16,25 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 @dataclass(frozen=True, slots=True)
 class PodSpec:
-    """One statically configured pod: `url`, or `url|agent_url`."""
+    """One statically configured pod: `url`, `url|agent_url`, or `url|agent_url|attach` for a pod whose
+    llama-server runs with the patched `--slot-attach` (an empty agent_url is allowed: `url||attach`)."""
 
     url: str
     agent_url: str | None = None
+    attach: bool = False
 
     @classmethod
     def parse(cls, text: str) -> PodSpec:
-        url, _, agent = text.strip().partition("|")
-        url, agent = url.strip().rstrip("/"), agent.strip().rstrip("/")
+        url, _, rest = text.strip().partition("|")
+        agent, _, flag = rest.partition("|")
+        url, agent, flag = url.strip().rstrip("/"), agent.strip().rstrip("/"), flag.strip()
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"pod URL must start with http:// or https://: {url!r}")
         if agent and not agent.startswith(("http://", "https://")):
             raise ValueError(f"agent URL must start with http:// or https://: {agent!r}")
-        return cls(url, agent or None)
+        if flag not in ("", "attach"):
+            raise ValueError(f"the third field of a pod may only be `attach`: {flag!r}")
+        return cls(url, agent or None, flag == "attach")
 
 
 class RouterSettings(BaseSettings):
@@ -41,7 +46,8 @@ class RouterSettings(BaseSettings):
     host: str = "127.0.0.1"
     #: Port to listen on.
     port: int = Field(default=8000, ge=0, le=65535)
-    #: Static pods: comma-separated llama-server URLs, each optionally followed by `|agent_url`.
+    #: Static pods: comma-separated llama-server URLs, each optionally followed by `|agent_url` and then
+    #: `|attach` when the pod runs the patched `--slot-attach`.
     pods: Annotated[list[str], NoDecode] = Field(default_factory=list)
     #: Where the pods come from: `static` (`pods`) or `redis` (the fleet membership the operator writes
     #: to redis_url).

@@ -72,6 +72,51 @@ def test_attach_resolution(mode: str, unified: bool, supported: bool, expected: 
     assert podspec.attach_enabled(s, supported=supported) is expected
 
 
+@pytest.mark.parametrize(
+    ("mode", "cache_ram", "supported", "expected"),
+    [
+        ("auto", None, True, True),
+        ("auto", None, False, False),  # unknown or unsupported image: off, never a guess
+        ("auto", 0, True, False),  # the RAM cache is off: there is nothing to keep an entry in
+        ("off", None, True, False),
+        ("on", None, False, True),
+    ],
+)
+def test_cache_prefix_resolution(mode: str, cache_ram: int | None, supported: bool, expected: bool) -> None:
+    s = spec(cacheRamMiB=cache_ram, prefixSharing={"cachePrefix": mode})
+    assert podspec.cache_prefix_enabled(s, supported=supported) is expected
+
+
+@pytest.mark.parametrize(
+    ("sharing", "overrides", "expected"),
+    [
+        ({}, {}, True),  # cachePrefix auto with the RAM cache at its default
+        ({"cachePrefix": "off"}, {}, False),  # attach auto cannot apply without kvUnified
+        ({"cachePrefix": "off"}, {"kvUnified": True}, True),
+        ({"cachePrefix": "on", "attach": "on"}, {"kvUnified": True}, False),  # nothing left to detect
+        ({"attach": "off"}, {"cacheRamMiB": 0}, False),
+    ],
+)
+def test_detection_only_when_an_auto_flag_could_turn_on(
+        sharing: dict[str, str], overrides: dict[str, Any], expected: bool) -> None:
+    """Pods of other specs get no detector: they start exactly as before, also from shell-less images."""
+    assert podspec.detects_features(spec(prefixSharing=sharing, **overrides)) is expected
+
+
+def test_patched_flags_rendered_before_extra_args_when_enabled() -> None:
+    s = spec(kvUnified=True, extraArgs=["--swa-full"])
+    tail = server_args(s, attach=True, cache_prefix=True)[-3:]
+    assert tail == ["--slot-attach", "--cache-prefix", "--swa-full"]
+    assert "--cache-prefix" not in server_args(s) and "--slot-attach" not in server_args(s)
+
+
+def test_invalid_prefix_sharing_rejected_with_the_field_named() -> None:
+    with pytest.raises(ValueError, match="cachePrefix: on needs the RAM prompt cache"):
+        spec(cacheRamMiB=0, prefixSharing={"cachePrefix": "on"})
+    with pytest.raises(ValueError, match="serverBinary"):
+        spec(prefixSharing={"serverBinary": "llama-server; rm -rf /"})
+
+
 def test_agent_argv_golden_carries_the_same_kv_layout_as_the_server() -> None:
     """The agent fingerprints snapshots with the settings llama-server was started with: same values."""
     s = spec(cacheTypeK="q8_0", cacheTypeV="q8_0", kvUnified=True,
@@ -111,9 +156,10 @@ def test_every_emitted_flag_exists_in_the_llama_cpp_tree() -> None:
 
     declared = _declared_flags((source_dir() / "common" / "arg.cpp").read_text())
     assert "--slot-save-path" in declared and "--slot-attach" not in declared
+    assert "--cache-prefix" not in declared
     s = spec(kvUnified=True, cacheRamMiB=0, ctxCheckpoints=8, threads=1, gpu={"count": 1},
              prefixSharing={"attach": "on"})
-    argv = server_args(s, api_key_file="/k", attach=True)
+    argv = server_args(s, api_key_file="/k", attach=True, cache_prefix=True)
     emitted = {a for a in argv if a.startswith("-") and not a.lstrip("-").isdigit()}
     missing = emitted - declared - set(podspec.PATCHED_ONLY_FLAGS)
     assert not missing, f"flags unknown to llama.cpp: {sorted(missing)}"

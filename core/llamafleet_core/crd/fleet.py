@@ -101,10 +101,26 @@ class SnapshotStorage(CRModel):
     """Byte budget the agent keeps snapshots under (LRU out first); default 90% of sizeLimit."""
 
 
-class PrefixSharing(CRModel):
-    """`attach: auto` turns the patched build's `--slot-attach` on when the image supports it."""
+FeatureMode = Literal["auto", "on", "off"]
 
-    attach: Literal["auto", "on", "off"] = "auto"
+
+class PrefixSharing(CRModel):
+    """Flags of patched llama-server builds (the prefix-sharing proposal), each `auto`, `on` or `off`.
+
+    `auto` turns a flag on once the image is known to accept it: the operator runs `serverBinary --help`
+    in an init container from `image` and the agent reports what the text names (status.imageFeatures).
+    Until then, and for images without a POSIX shell (the detector's), `auto` stays off. `on` renders
+    the flag regardless (an image without it fails at start, loudly); `off` never does.
+    """
+
+    attach: FeatureMode = "auto"
+    """`--slot-attach`: slots share one copy of a prefix's KV. Needs kvUnified (one pool to share)."""
+    cache_prefix: FeatureMode = "auto"
+    """`--cache-prefix`: a persistent RAM cache entry at the first user message. Needs the RAM cache
+    (cacheRamMiB not 0)."""
+    server_binary: str = Field(default="/app/llama-server", pattern=r"^/[A-Za-z0-9._/+-]+$", max_length=255)
+    """Where llama-server is inside `image`, for detection (the official llama.cpp server images'
+    path by default; when absent there, the detector looks `llama-server` up on the PATH)."""
 
 
 class LlamaFleetSpec(CRModel):
@@ -157,6 +173,8 @@ class LlamaFleetSpec(CRModel):
                 f"cacheTypeV: a quantized V cache ({self.cache_type_v}) needs flashAttention: on")
         if self.prefix_sharing.attach == "on" and not self.kv_unified:
             raise ValueError("prefixSharing.attach: on needs kvUnified: true (slots share one KV pool)")
+        if self.prefix_sharing.cache_prefix == "on" and self.cache_ram_mib == 0:
+            raise ValueError("prefixSharing.cachePrefix: on needs the RAM prompt cache (cacheRamMiB not 0)")
         if self.context_total is not None and not self.kv_unified:
             raise ValueError("contextTotal: only meaningful with kvUnified: true")
         snaps = self.snapshots
@@ -173,6 +191,23 @@ class LlamaFleetSpec(CRModel):
         return self.slots * self.context_per_slot
 
 
+class ImageFeatures(StatusModel):
+    """What `image`'s llama-server accepts, as one of its pods' agents reported it.
+
+    Kept per image: a spec with another image drops the record, and `auto` flags stay off until a pod of
+    the new image reports again (a new pod template, so one more rollout once it has)."""
+
+    image: str
+    known: bool
+    """False when the pod's help text was not llama-server's (no shell, a library missing, wrong path)."""
+    slot_attach: bool = False
+    cache_prefix: bool = False
+    pod: str = ""
+    """The pod whose agent reported it."""
+    detected_at: str = ""
+    message: str = ""
+
+
 class LlamaFleetStatus(StatusModel):
     replicas: int | None = None
     ready_replicas: int | None = None
@@ -184,6 +219,9 @@ class LlamaFleetStatus(StatusModel):
     """Label selector of the fleet's pods, for the scale subresource (kubectl scale, autoscalers)."""
     attach: bool | None = None
     """Whether llama-server runs with --slot-attach."""
+    cache_prefix: bool | None = None
+    """Whether llama-server runs with --cache-prefix."""
+    image_features: ImageFeatures | None = None
     phase: Literal["Pending", "Progressing", "Ready", "Degraded", "Failed"] | None = None
     observed_generation: int | None = None
     conditions: list[Condition] = Field(default_factory=list)

@@ -7,6 +7,7 @@ from llamafleet_core.crd.base import Condition, CRModel, ObjectMeta, Quantity, q
 from llamafleet_core.crd.fleet import (
     CacheType,
     GpuSpec,
+    ImageFeatures,
     ImageSource,
     LlamaFleet,
     LlamaFleetSpec,
@@ -28,7 +29,8 @@ from llamafleet_core.crd.prefix import (
 )
 
 __all__ = [
-    "CRModel", "CacheType", "Condition", "FleetRef", "GpuSpec", "ImageSource", "LlamaFleet", "LlamaFleetSpec",
+    "CRModel", "CacheType", "Condition", "FleetRef", "GpuSpec", "ImageFeatures", "ImageSource", "LlamaFleet",
+    "LlamaFleetSpec",
     "LlamaFleetStatus", "Message", "ModelSource", "ModelSpec", "ObjectMeta", "PodPrefixState",
     "PrefixSharing",
     "Quantity", "SecretKeyRef", "SharedPrefix", "SharedPrefixSpec", "SharedPrefixStatus", "SnapshotStorage",

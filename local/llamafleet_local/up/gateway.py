@@ -75,12 +75,14 @@ def detach_log(handler: logging.Handler) -> None:
     handler.close()
 
 
-def build_app(pods: Sequence[tuple[str, str]], index: Index, readiness: Readiness, *,
-              model_name: str, agent_token: str, poll_interval: float = 0.5) -> Starlette:
+def build_app(pods: Sequence[tuple[str, str]], index: Index, readiness: Readiness, *, model_name: str,
+              agent_token: str, poll_interval: float = 0.5, attach: bool = False) -> Starlette:
     """The router app over `(llama_url, agent_url)` pods, exactly as `llamafleet router` builds it,
-    with the agents' token, so restore-on-miss and first-sight snapshots are on."""
+    with the agents' token, so restore-on-miss and first-sight snapshots are on. `attach`: the pods run
+    llama-server with --slot-attach (static pods say so with a third field)."""
+    flag = "|attach" if attach else ""
     settings = RouterSettings(
-        pods=[f"{url}|{agent}" for url, agent in pods], redis_url=index.redis_url,
+        pods=[f"{url}|{agent}{flag}" for url, agent in pods], redis_url=index.redis_url,
         index="redis" if index.redis_url else "memory", poll_interval=poll_interval, model_name=model_name,
         agent_token=SecretStr(agent_token),
     )

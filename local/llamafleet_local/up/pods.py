@@ -20,6 +20,7 @@ import httpx
 from llamafleet_core import podspec
 from llamafleet_core.agent_client import AgentClient
 from llamafleet_core.crd.fleet import LlamaFleetSpec
+from llamafleet_core.features import ServerFeatures
 from llamafleet_local.redis_server import free_port
 from llamafleet_local.up.procs import Child
 
@@ -51,18 +52,30 @@ def layout(fleet: str, index: int, run_dir: Path) -> PodLayout:
     return PodLayout(name, free_port(), free_port(), run_dir / "snapshots" / name, run_dir)
 
 
-def server_argv(binary: Path, spec: LlamaFleetSpec, pod: PodLayout, model: Path) -> list[str]:
-    """llama-server's full argv (pure): the binary, then exactly `podspec.llama_server_args`."""
+def attach(spec: LlamaFleetSpec, features: ServerFeatures | None) -> bool:
+    """`prefixSharing.attach` resolved against what the binary accepts (pure; unknown counts as no)."""
+    return podspec.attach_enabled(spec, supported=features is not None and features.slot_attach)
+
+
+def server_argv(binary: Path, spec: LlamaFleetSpec, pod: PodLayout, model: Path,
+                features: ServerFeatures | None = None) -> list[str]:
+    """llama-server's full argv (pure): the binary, then exactly `podspec.llama_server_args`, with the
+    patched flags the binary is known to accept (`features`, from its `--help`) as the operator would."""
+    known = features if features is not None else ServerFeatures()
+    cache_prefix = podspec.cache_prefix_enabled(spec, supported=known.cache_prefix)
     return [str(binary), *podspec.llama_server_args(
         spec, model_path=str(model), port=pod.server_port, slot_save_path=str(pod.snapshot_dir), host=HOST,
+        attach=attach(spec, features), cache_prefix=cache_prefix,
     )]
 
 
-def agent_args(spec: LlamaFleetSpec, pod: PodLayout, model: Path, fleet: str, token_file: Path) -> list[str]:
+def agent_args(spec: LlamaFleetSpec, pod: PodLayout, model: Path, fleet: str, token_file: Path,
+               features: ServerFeatures | None = None) -> list[str]:
     """The agent's arguments after `llamafleet agent` (pure): exactly `podspec.agent_args`."""
     return podspec.agent_args(
         spec, port=pod.agent_port, server_url=pod.llama_url, snapshot_dir=str(pod.snapshot_dir),
         model_path=str(model), host=HOST, fleet=fleet, token_file=str(token_file),
+        attach=attach(spec, features),
     )
 
 
@@ -86,10 +99,10 @@ class LocalPod:
 
     @classmethod
     def build(cls, pod: PodLayout, *, binary: Path, spec: LlamaFleetSpec, model: Path, fleet: str,
-              token_file: Path) -> LocalPod:
-        server = Child(f"{pod.name} llama-server", server_argv(binary, spec, pod, model),
+              token_file: Path, features: ServerFeatures | None = None) -> LocalPod:
+        server = Child(f"{pod.name} llama-server", server_argv(binary, spec, pod, model, features),
                        pod.log_dir / f"{pod.name}.llama-server.log")
-        args = agent_args(spec, pod, model, fleet, token_file)
+        args = agent_args(spec, pod, model, fleet, token_file, features)
         agent = Child(f"{pod.name} agent", [*AGENT_COMMAND, *args], pod.log_dir / f"{pod.name}.agent.log",
                       env={"LLAMAFLEET_AGENT_POD_NAME": pod.name})
         return cls(pod, server, agent)

@@ -1,4 +1,5 @@
-"""Turn FLEET.yaml's `local:` settings into files: the model, the chat template, the llama-server binary.
+"""Turn FLEET.yaml's `local:` settings into files: the model, the chat template, the llama-server binary,
+and what that binary accepts (its `--help`, parsed: the cluster's detector, run directly).
 
 Blocking (a first run builds llama-server, minutes, and writes a tiny model, seconds): the runtime calls
 it in a worker thread. Nothing here starts a process that outlives the call.
@@ -6,11 +7,14 @@ it in a worker thread. Nothing here starts a process that outlives the call.
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from llamafleet_core import podspec
 from llamafleet_core.crd.fleet import LlamaFleetSpec
+from llamafleet_core.features import ServerFeatures, parse_help, summary
 from llamafleet_local.tinymodels import MODEL_NAMES, ensure_model
 from llamafleet_local.up.config import FleetConfig
 
@@ -21,6 +25,19 @@ class Resolved:
     model: Path
     chat_template: Path | None
     spec: LlamaFleetSpec  # the effective spec the pods run (local threads and template folded in)
+    features: ServerFeatures | None = None  # None: unknown, so `auto` flags stay off
+
+
+def server_features(binary: Path, timeout: float = 30.0) -> ServerFeatures | None:
+    """`<binary> --help`, parsed; None when it cannot run or its output is not llama-server's help.
+
+    The process is bounded by `timeout` and never outlives the call."""
+    try:
+        done = subprocess.run([str(binary), "--help"], capture_output=True, text=True, timeout=timeout,
+                              check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return parse_help(done.stdout + "\n" + done.stderr)
 
 
 def resolve(config: FleetConfig, say: Callable[[str], None]) -> Resolved:
@@ -36,4 +53,8 @@ def resolve(config: FleetConfig, say: Callable[[str], None]) -> Resolved:
         say("llama-server: building or reusing the project's build (the first build takes minutes)")
         binary = build()
     say(f"model {model.name}, llama-server {binary}")
-    return Resolved(binary, model, template, config.effective_spec(template))
+    spec = config.effective_spec(template)
+    features = server_features(binary) if podspec.detects_features(spec) else None
+    if podspec.detects_features(spec):
+        say(f"llama-server prefix-sharing flags: {summary(features)}")
+    return Resolved(binary, model, template, spec, features)

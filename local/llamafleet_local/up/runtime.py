@@ -31,6 +31,7 @@ from llamafleet_local.redis_server import RedisServer
 from llamafleet_local.up import gateway as gw
 from llamafleet_local.up.config import FleetConfig
 from llamafleet_local.up.pods import LocalPod, layout
+from llamafleet_local.up.pods import attach as pod_attach
 from llamafleet_local.up.progress import FleetProgress, PrefixProgress, Reporter
 from llamafleet_local.up.resolve import Resolved, resolve
 from llamafleet_local.up.supervise import supervise
@@ -114,7 +115,7 @@ class LocalFleet:
         res = self.resolved
         self.pods = [
             LocalPod.build(lay, binary=res.binary, spec=res.spec, model=res.model, fleet=self.config.name,
-                           token_file=self.token_file)
+                           token_file=self.token_file, features=res.features)
             for lay in layouts
         ]
         await self._start_index()
@@ -146,8 +147,9 @@ class LocalFleet:
         sock = gw.bind("127.0.0.1", self.options.port)
         self._log_handler = gw.log_to_file(self.run_dir / "gateway.log")
         pods = [(p.layout.llama_url, p.layout.agent_url) for p in self.pods]
+        attach = self.resolved is not None and pod_attach(self.resolved.spec, self.resolved.features)
         self.app = gw.build_app(pods, self.index, self.readiness, model_name=self.model,
-                                agent_token=self.agent_token)
+                                agent_token=self.agent_token, attach=attach)
         self.gateway_url = await self._stack.enter_async_context(gw.serve(self.app, sock))
         self.reporter.say(f"gateway {self.gateway_url} (503 on /health until every pod is up and warm)")
 

@@ -16,7 +16,8 @@ from pydantic import ValidationError
 
 from llamafleet_core import labels as L
 from llamafleet_core import membership, podspec
-from llamafleet_core.crd.models import LlamaFleet
+from llamafleet_core.crd.models import ImageFeatures, LlamaFleet
+from llamafleet_operator.reconcile import features as F
 from llamafleet_operator.reconcile import pods as P
 from llamafleet_operator.reconcile.context import Context, InvalidSpec, Log, describe_validation
 from llamafleet_operator.reconcile.readiness import declare_required, fleet_prefixes
@@ -38,9 +39,11 @@ def parse_fleet(body: Mapping[str, Any]) -> LlamaFleet:
         raise InvalidSpec(describe_validation(exc)) from exc
 
 
-def fleet_status(fleet: LlamaFleet, pods: list[P.Pod], previous: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Status from the pods that exist now (pure)."""
+def fleet_status(fleet: LlamaFleet, pods: list[P.Pod], previous: Mapping[str, Any] | None,
+                 features: ImageFeatures | None = None) -> dict[str, Any]:
+    """Status from the pods that exist now and what the image is known to accept (pure)."""
     spec, meta = fleet.spec, fleet.metadata
+    support = F.support(features)
     live = [p for p in pods if not P.deleting(p)]
     n_ready = sum(P.ready(p) for p in live)
     stuck = [r for r in (P.stuck_reason(p) for p in live) if r]
@@ -67,7 +70,10 @@ def fleet_status(fleet: LlamaFleet, pods: list[P.Pod], previous: Mapping[str, An
         "ready": f"{n_ready}/{spec.replicas}",
         "slots": n_ready * spec.slots,
         "selector": ",".join(f"{k}={v}" for k, v in L.fleet_labels(meta.name).items()),
-        "attach": podspec.attach_enabled(spec, supported=False),
+        "attach": podspec.attach_enabled(spec, supported=support["attach_supported"]),
+        "cachePrefix": podspec.cache_prefix_enabled(spec, supported=support["cache_prefix_supported"]),
+        # None removes a record of another image (a merge patch deletes null fields).
+        "imageFeatures": features.to_k8s() if features is not None else None,
         "phase": phase,
         "observedGeneration": meta.generation,
         "conditions": merge((previous or {}).get("conditions"), [ready, progressing, degraded],
@@ -95,15 +101,18 @@ async def reconcile_fleet(ctx: Context, body: Mapping[str, Any],
         await ctx.kube.patch_status(API, "LlamaFleet", namespace, name,
                                     invalid_status(str(exc), meta.get("generation"), previous))
         raise
-    target = Target.of(
-        fleet, namespace=namespace, agent_token_secret=ctx.settings.agent_token_secret,
-        gateway_namespace=ctx.settings.gateway_namespace, operator_namespace=ctx.settings.operator_namespace,
-    )
-    for manifest in render_all(fleet, target):
-        await _apply(ctx, manifest, logger)
+    features = F.recorded(fleet.spec, previous.get("imageFeatures"))
+    await _apply_children(ctx, fleet, namespace, features, logger)
 
     pods = await ctx.kube.list("v1", "Pod", namespace, L.fleet_labels(name))
-    status = fleet_status(fleet, pods, previous)
+    if podspec.detects_features(fleet.spec) and (features is None or not features.known):
+        found = await F.detect(ctx, fleet.spec, pods, logger)
+        if found is not None and not F.same(found, features):
+            logger.info(f"image {found.image}: {_describe(found)} (asked the agent of {found.pod})")
+            if F.support(found) != F.support(features):
+                await _apply_children(ctx, fleet, namespace, found, logger)
+            features = found
+    status = fleet_status(fleet, pods, previous, features)
     if _changed(previous, status):
         await ctx.kube.patch_status(API, "LlamaFleet", namespace, name, status)
         logger.info(f"status: {status['ready']} ready, phase {status['phase']}")
@@ -112,13 +121,31 @@ async def reconcile_fleet(ctx: Context, body: Mapping[str, Any],
     await declare_required(ctx, [p for p in pods if P.running(p)], prefixes, logger)
     if ctx.redis is not None:
         warm = {P.name(p): tuple(sorted(sp.name for sp in prefixes if sp.warm_on(P.name(p)))) for p in pods}
-        members = [P.member(p, model=fleet.spec.model.name, slots=fleet.spec.slots,
-                            attach=bool(status["attach"]), warm=warm[P.name(p)])
+        members = [P.member(p, model=fleet.spec.model.name, slots=fleet.spec.slots, warm=warm[P.name(p)])
                    for p in pods if P.running(p)]
         if await membership.write_members(ctx.redis, namespace, name, members,
                                           prefix=ctx.settings.index_prefix):
             logger.info(f"membership: {sum(m.ready for m in members)} of {len(members)} pods routable")
     return status
+
+
+async def _apply_children(ctx: Context, fleet: LlamaFleet, namespace: str, features: ImageFeatures | None,
+                          logger: Log) -> None:
+    target = Target.of(
+        fleet, namespace=namespace, agent_token_secret=ctx.settings.agent_token_secret,
+        gateway_namespace=ctx.settings.gateway_namespace, operator_namespace=ctx.settings.operator_namespace,
+        **F.support(features),
+    )
+    for manifest in render_all(fleet, target):
+        await _apply(ctx, manifest, logger)
+
+
+def _describe(record: ImageFeatures) -> str:
+    if not record.known:
+        return f"features unknown ({record.message})"
+    flags = (("--slot-attach", record.slot_attach), ("--cache-prefix", record.cache_prefix))
+    on = [flag for flag, ok in flags if ok]
+    return f"accepts {', '.join(on)}" if on else "accepts no prefix-sharing flag"
 
 
 async def forget_fleet(ctx: Context, namespace: str, name: str) -> None:

@@ -62,13 +62,22 @@ def warm_pod(pod: Pod) -> WarmPod:
                    agent_url=f"http://{ip}:{agent}")
 
 
-def member(pod: Pod, *, model: str, slots: int, attach: bool, warm: tuple[str, ...]) -> Member:
+def attach(pod: Pod) -> bool:
+    """Whether this pod's llama-server runs with --slot-attach. Its own args are the truth: during the
+    rollout that turns the flag on, old pods run without it while new ones have it."""
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        if container.get("name") == "llama-server":
+            return "--slot-attach" in (container.get("args") or [])
+    return False
+
+
+def member(pod: Pod, *, model: str, slots: int, warm: tuple[str, ...]) -> Member:
     server, agent = ports(pod)
     annotations = (pod["metadata"].get("annotations") or {})
     return Member(
         name=name(pod), uid=str(pod["metadata"]["uid"]), ip=str(pod["status"]["podIP"]),
         port=server, agent_port=agent, slots=int(annotations.get(L.SLOTS, slots)), model=model,
-        ready=ready(pod), epoch=epoch_ms(pod), attach=attach, warm=warm,
+        ready=ready(pod), epoch=epoch_ms(pod), attach=attach(pod), warm=warm,
     )
 
 

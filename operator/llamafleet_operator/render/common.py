@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from llamafleet_core import labels as L
-from llamafleet_core.crd.models import LlamaFleet
+from llamafleet_core import podspec
+from llamafleet_core.crd.models import LlamaFleet, LlamaFleetSpec
 
 Manifest = dict[str, Any]
 
@@ -27,7 +28,9 @@ class Target:
     owner: Manifest | None = None
     """ownerReference of the LlamaFleet: children are garbage-collected with it."""
     attach_supported: bool = False
-    """The image is a patched build with --slot-attach (detected by the operator)."""
+    """The image is a patched build with --slot-attach (detected: status.imageFeatures)."""
+    cache_prefix_supported: bool = False
+    """The image is a patched build with --cache-prefix (detected: status.imageFeatures)."""
     agent_token_secret: str | None = None
     """Secret (key `token`) that router and operator use to call the agent."""
     operator_namespace: str | None = None
@@ -49,6 +52,14 @@ class Target:
     @property
     def config_map(self) -> str:
         return f"{self.name}-config"
+
+    def attach(self, spec: LlamaFleetSpec) -> bool:
+        """Whether this target's pods run llama-server with --slot-attach."""
+        return podspec.attach_enabled(spec, supported=self.attach_supported)
+
+    def cache_prefix(self, spec: LlamaFleetSpec) -> bool:
+        """Whether this target's pods run llama-server with --cache-prefix."""
+        return podspec.cache_prefix_enabled(spec, supported=self.cache_prefix_supported)
 
 
 def owner_reference(fleet: LlamaFleet) -> Manifest | None:

@@ -41,6 +41,19 @@ if want and h.hexdigest() != want:
 os.replace(dest + ".part", dest)
 """
 
+# Runs in the user's llama-server image (it needs a POSIX shell): `--help` once, written where the agent
+# reads it. Always exits 0: detection is best effort, and a failed detector must never keep a pod from
+# starting (the agent then reports "unknown" and `auto` flags stay off). Arguments: binary, output file.
+DETECT_FEATURES = """\
+bin="$1"; out="$2"
+[ -x "$bin" ] || bin="$(command -v llama-server 2>/dev/null || true)"
+mkdir -p "$(dirname "$out")" || exit 0
+if [ -n "$bin" ]; then "$bin" --help > "$out.part" 2>&1
+else echo "llama-server not found: $1" > "$out.part"; fi
+mv "$out.part" "$out" 2>/dev/null
+exit 0
+"""
+
 
 def _env_pod_identity() -> list[Manifest]:
     fields = {"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace", "POD_UID": "metadata.uid",
@@ -100,6 +113,18 @@ def volumes(spec: LlamaFleetSpec, target: Target) -> list[Manifest]:
     return vols
 
 
+def detect_container(spec: LlamaFleetSpec) -> Manifest:
+    """`llama-server --help` from the fleet's own image, for the agent to report (see DETECT_FEATURES)."""
+    return {
+        "name": "detect-features", "image": spec.image, "imagePullPolicy": "IfNotPresent",
+        "command": ["sh", "-c", DETECT_FEATURES, "detect-features", spec.prefix_sharing.server_binary,
+                    podspec.SERVER_HELP_FILE],
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+        "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"memory": "256Mi"}},
+        "securityContext": _container_security(),
+    }
+
+
 def init_containers(spec: LlamaFleetSpec) -> list[Manifest]:
     source = spec.model.source
     dest = podspec.model_path(spec)
@@ -108,17 +133,20 @@ def init_containers(spec: LlamaFleetSpec) -> list[Manifest]:
             {"name": "models", "mountPath": podspec.MODEL_DIR}, {"name": "tmp", "mountPath": "/tmp"}],
         "securityContext": _container_security(),
     }
+    out: list[Manifest] = []
     if source.url is not None:
-        return [{"name": "fetch-model", "image": spec.agent_image, "imagePullPolicy": "IfNotPresent",
-                 "command": ["python", "-c", FETCH_MODEL, source.url, dest, spec.model.sha256 or ""],
-                 **common}]
-    if source.image is not None:
+        out.append({"name": "fetch-model", "image": spec.agent_image, "imagePullPolicy": "IfNotPresent",
+                    "command": ["python", "-c", FETCH_MODEL, source.url, dest, spec.model.sha256 or ""],
+                    **common})
+    elif source.image is not None:
         src = f"{source.image.path.rstrip('/')}/{spec.model.file}"
-        return [{"name": "copy-model", "image": source.image.reference, "imagePullPolicy": "IfNotPresent",
-                 "command": ["sh", "-c", 'mkdir -p "$(dirname "$2")" && cp "$1" "$2"', "copy-model",
-                             src, dest],
-                 **common}]
-    return []
+        out.append({"name": "copy-model", "image": source.image.reference, "imagePullPolicy": "IfNotPresent",
+                    "command": ["sh", "-c", 'mkdir -p "$(dirname "$2")" && cp "$1" "$2"', "copy-model",
+                                src, dest],
+                    **common})
+    if podspec.detects_features(spec):
+        out.append(detect_container(spec))  # last: a failed model fetch should be the first thing shown
+    return out
 
 
 def _server_resources(spec: LlamaFleetSpec) -> Manifest:
@@ -136,7 +164,8 @@ def server_container(spec: LlamaFleetSpec, target: Target) -> Manifest:
         port=podspec.SERVER_PORT,
         slot_save_path=podspec.SNAPSHOT_DIR,
         api_key_file=API_KEY_FILE if spec.api_key_secret_ref is not None else None,
-        attach=podspec.attach_enabled(spec, supported=target.attach_supported),
+        attach=target.attach(spec),
+        cache_prefix=target.cache_prefix(spec),
     )
     mounts = [
         {"name": "models", "mountPath": podspec.MODEL_DIR, "readOnly": True},
@@ -170,7 +199,8 @@ def agent_container(spec: LlamaFleetSpec, target: Target) -> Manifest:
         model_path=podspec.model_path(spec),
         fleet=target.name,
         token_file=AGENT_TOKEN_FILE if target.agent_token_secret is not None else None,
-        attach=podspec.attach_enabled(spec, supported=target.attach_supported),
+        attach=target.attach(spec),
+        server_help_file=podspec.SERVER_HELP_FILE if podspec.detects_features(spec) else None,
     )
     mounts = [
         _snapshot_mount(spec),
@@ -234,7 +264,8 @@ def pod_template(fleet: LlamaFleet, target: Target) -> Manifest:
     }
     if not pod_spec["initContainers"]:
         del pod_spec["initContainers"]
-    annotations = {L.SPEC_HASH: digest(pod_spec), L.SLOTS: str(spec.slots)}
+    annotations = {L.SPEC_HASH: digest(pod_spec), L.SLOTS: str(spec.slots),
+                   L.ATTACH: "true" if target.attach(spec) else "false"}
     if spec.model.sha256:
         annotations[L.MODEL_SHA256] = spec.model.sha256
     meta = {"labels": L.common_labels(target.name), "annotations": annotations}

@@ -42,7 +42,8 @@ def fleet_config(fleet: LlamaFleet, target: Target) -> dict[str, object]:
         "slots": spec.slots,
         "contextPerSlot": spec.context_per_slot,
         "kv": podspec.kv_settings(spec),
-        "attach": podspec.attach_enabled(spec, supported=target.attach_supported),
+        "attach": target.attach(spec),
+        "cachePrefix": target.cache_prefix(spec),
         "ports": {"server": podspec.SERVER_PORT, "agent": podspec.AGENT_PORT},
         "snapshotBudgetBytes": podspec.snapshot_budget_bytes(spec),
     }

@@ -56,7 +56,8 @@ class InfoRoutes:
             "pods_down": len(pods) - ready,
             "pods": [
                 {"url": pod.endpoint.url, "uid": pod.endpoint.uid if pod.props else None, "model": pod.model,
-                 "up": pod.ready, "slots": pod.endpoint.n_slots, "busy_slots": sorted(pod.busy_slots),
+                 "up": pod.ready, "slots": pod.endpoint.n_slots, "attach": pod.endpoint.attach,
+                 "busy_slots": sorted(pod.busy_slots),
                  "in_flight": g.in_flight.count(pod.endpoint.uid)}
                 for pod in pods
             ],

@@ -43,7 +43,7 @@ def parse_fleet(text: str) -> tuple[str, str]:
 
 def wanted_specs(members: Sequence[Member]) -> dict[str, PodSpec]:
     """The pods to watch, by URL: ready members only (pure, so the policy is testable alone)."""
-    return {m.url: PodSpec(m.url, m.agent_url) for m in members if m.ready}
+    return {m.url: PodSpec(m.url, m.agent_url, m.attach) for m in members if m.ready}
 
 
 class MembershipDiscovery:
@@ -112,6 +112,8 @@ class MembershipDiscovery:
         for url in sorted(self._pods.urls - wanted.keys()):
             log.info("pod left the fleet", extra={"pod": url})
             await self._pods.remove(url)
+        for url in sorted(wanted.keys() & self._pods.urls):
+            self._pods.update(wanted[url])  # e.g. `attach` as the operator learned it; the pod stays watched
         for url in sorted(wanted.keys() - self._pods.urls):
             log.info("pod joined the fleet", extra={"pod": url})
             self._pods.add(wanted[url])

@@ -102,6 +102,12 @@ class StaticDiscovery:
         if self._started:
             self._tasks[spec.url] = self._spawn(pod)
 
+    def update(self, spec: PodSpec) -> None:
+        """Replace a watched pod's settings (its URL stays): they describe the pod, not its connection."""
+        for pod in self._pods:
+            if pod.spec.url == spec.url:
+                pod.spec = spec
+
     async def remove(self, url: str) -> None:
         """Stop watching a pod that left the fleet. Its index entries are fenced: the same URL may come
         back later as another pod (a reused IP) starting again at epoch 0."""
@@ -150,6 +156,7 @@ class StaticDiscovery:
             n_slots=pod.props.total_slots if pod.props else 0,
             agent_url=pod.spec.agent_url,
             ready=pod.up,
+            attach=pod.spec.attach,
             resume_anywhere=pod.resume_anywhere,
         )
         return PodStatus(endpoint=endpoint, props=pod.props, busy_slots=pod.busy if pod.up else frozenset())
