@@ -28,6 +28,7 @@ from llamafleet_core import labels as L
 from llamafleet_core import membership
 from llamafleet_local.redis_server import free_port
 from llamafleet_operator.settings import OperatorSettings
+from tests.agent.test_app_offline import PropsOnly as NoServer  # no slot operation is expected
 from tests.core.test_features import PATCHED_HELP
 from tests.operator.kmock_support import KubeEmulator
 from tests.operator.operator_bed import (
@@ -48,24 +49,6 @@ TOKEN = "features-test-token"
 PATCHED_IMAGE = "registry.example/llama-server:patched"
 
 pytestmark = [pytest.mark.redis]
-
-
-class NoServer:
-    """llama-server is not needed to report features; any slot operation would be a test bug."""
-
-    async def health(self) -> bool:
-        return True
-
-    async def props(self) -> dict[str, Any]:
-        return {"build_info": "b1-test", "default_generation_settings": {"n_ctx": 4096}}
-
-    async def save_slot(self, slot: int, filename: str) -> dict[str, Any]:
-        raise AssertionError("no slot operation expected")
-
-    restore_slot = save_slot
-
-    async def erase_slot(self, slot: int) -> dict[str, Any]:
-        raise AssertionError("no slot operation expected")
 
 
 def detector_wrote(workdir: Path, help_text: str) -> Path:
