@@ -155,20 +155,23 @@ async def _epoch(gw_app: Any, url: str) -> int:
     return int(next(p.endpoint.pod.epoch for p in pods if p.endpoint.url == url))
 
 
+@pytest.mark.parametrize("slots", [4, 1])
 async def test_next_day_session_resumes_before_the_date_line_when_the_pod_restarted(
     model: tuple[str, Path], start_llama_server: StartLlamaServer, tmp_path: Path, redis_url: str,
-    http: httpx.AsyncClient,
+    http: httpx.AsyncClient, slots: int,
 ) -> None:
     """Day 1 snapshots the session prefix and a stage at the start of its last line (the date line).
     The pod restarts (its index entries are purged; its agent keeps the files); the gateway records
     the agent's snapshots again, and the first day-2 session restores the stage snapshot (for a hybrid,
-    the only one its prompt extends exactly) and computes only the date line's tail."""
+    the only one its prompt extends exactly) and computes only the date line's tail. The day-2 session
+    prefix is built from the same stage in another idle slot after the request answers, or in the
+    request's own slot before it is forwarded when the pod has no other slot."""
     name, path = model
     rng = random.Random(9)
     day1 = make_profile(WorkloadSpec(prefix_chars=BIG, day=DAY))
     day2 = make_profile(WorkloadSpec(prefix_chars=BIG, day=DAY + dt.timedelta(days=1)))
-    async with agent_pod(start_llama_server, path, name, tmp_path / "a", http) as a, \
-            gateway([a.spec], redis_url, prefix=f"r{name}", agent_token=TOKEN) as gw:
+    async with agent_pod(start_llama_server, path, name, tmp_path / "a", http, slots=slots) as a, \
+            gateway([a.spec], redis_url, prefix=f"r{name}{slots}", agent_token=TOKEN) as gw:
         started = time.perf_counter()
         first = await chat(http, gw.url, day1.request(name, user_question(rng), max_tokens=4))
         cold_s = time.perf_counter() - started
@@ -185,12 +188,26 @@ async def test_next_day_session_resumes_before_the_date_line_when_the_pod_restar
         later = await chat(http, gw.url, day2.request(name, user_question(rng), max_tokens=4))
         warm_s = time.perf_counter() - started
         resynced = await metric(http, gw.url, "llamafleet_router_snapshot_resynced_total")
+        day2_files = a.files()
+        for _ in range(100):  # the background build ends within a prefill of the date line's tail
+            if len(day2_files) == 3:
+                break
+            await asyncio.sleep(0.1)
+            day2_files = a.files()
+        nxt = await chat(http, gw.url, day2.request(name, user_question(rng), max_tokens=4))
     assert later.status == 200
     assert resynced >= 2, "the restarted pod's snapshots were recorded again"
-    assert later.action == "restore/restore_first_sight" and later.snapshot.startswith("st-"), \
+    branch = "restore_first_sight_detached" if slots > 1 else "restore_first_sight"
+    assert later.action == f"restore/{branch}" and later.snapshot.startswith("st-"), \
         (later.action, later.snapshot)
     assert later.cache_n >= 0.95 * _prefix_tokens(first), (later.cache_n, first.prompt_tokens)
     assert warm_s < 0.5 * cold_s, (warm_s, cold_s)
+    # The day-2 session prefix was built in another slot while the request was answered, from the
+    # same stage: a second `fs-` snapshot, and the next day-2 session restores it.
+    assert sorted(p.name[:3] for p in day2_files) == ["fs-", "fs-", "st-"], day2_files
+    # (An attention-only model may instead resume the first day-2 session's slot: same reuse.)
+    assert nxt.action in ("restore/restore", "direct/slot_hit"), (nxt.action, nxt.snapshot)
+    assert nxt.prompt_tokens - nxt.cache_n < 40, (nxt.action, nxt.cache_n, nxt.prompt_tokens)
 
 
 def _tokens(raw: bytes) -> list[str]:

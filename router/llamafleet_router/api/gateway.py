@@ -39,6 +39,7 @@ from llamafleet_router.scheduling.framework import (
     SchedRequest,
 )
 from llamafleet_router.snapshots import SnapshotConfig, SnapshotFlow, SnapshotMetrics
+from llamafleet_router.snapshots.flow import Borrowed
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +101,8 @@ class _Finisher:
         self.done = True
         g, d = self.gateway, self.decision
         g.in_flight.end(d.endpoint.uid, d.endpoint.url, d.slot)
+        if g._snapshots is not None:
+            g._snapshots.request_answering(self.req.request_id)  # ended without answering, maybe
         if g.leases is not None and d.lease_holder is not None:
             g.leases.relinquish(d.slot_ref, d.lease_holder)
         g.metrics.requests.labels(self.req.model, self.key, str(outcome.status)).inc()
@@ -166,7 +169,43 @@ class Gateway:
             )
             # A Redis that comes back empty lost the snapshot entries; the agents still hold the files.
             self.health.on_recovered.append(self._snapshots.resync.forget_all)
+            self._snapshots.borrow = self._borrow_slot
         return self._snapshots
+
+    def _on_first_byte(self, req: SchedRequest) -> Callable[[float], None]:
+        observe = self.metrics.upstream_ttft_seconds.labels(req.model).observe
+        flow, request_id = self._snapshots, req.request_id
+        if flow is None:
+            return observe
+
+        def first_byte(seconds: float) -> None:
+            observe(seconds)
+            flow.request_answering(request_id)  # a build detached from this request may start
+
+        return first_byte
+
+    async def _borrow_slot(self, req: SchedRequest) -> Borrowed | None:
+        """An idle slot for a background build, leased and counted in flight like a request's, so no
+        request is pinned to it meanwhile; None when there is none (the caller builds in its own slot)."""
+        assert self.discovery is not None and self.scheduler is not None and self.after is not None
+        build = SchedRequest(f"{req.request_id}/build", req.model, req.prompt, None)
+        pods = await self.discovery.endpoints()
+        try:
+            decision = await self.scheduler.schedule(build, endpoint_states(req.model, pods, self.in_flight))
+        except (NoEndpointError, IndexUnavailable):
+            return None
+        after = self.after
+        if decision.slot == ANY_SLOT or decision.branch == "queued" or decision.endpoint.agent_url is None:
+            await after.release(decision)
+            return None
+        uid, url, slot = decision.endpoint.uid, decision.endpoint.url, decision.slot
+        self.in_flight.begin(uid, url, slot)
+
+        async def give_back() -> None:
+            self.in_flight.end(uid, url, slot)
+            await after.release(decision)
+
+        return decision, give_back
 
     async def chat(self, request: Request) -> Response:
         return await self.infer(request, Route.CHAT)
@@ -241,7 +280,7 @@ class Gateway:
                     {"content-type": "application/json", "accept": request.headers.get("accept", "*/*"),
                      "accept-encoding": "identity", "x-request-id": req.request_id},
                     on_finish=finish,
-                    on_first_byte=self.metrics.upstream_ttft_seconds.labels(req.model).observe,
+                    on_first_byte=self._on_first_byte(req),
                     extra_headers=decision_headers(decision),
                     give_up=give_up,
                 )

@@ -5,21 +5,27 @@
 2. First sight: when the request's session prefix is long enough, is strictly shorter than the prompt,
    the slot does not already hold it and no snapshot in the fleet holds it exactly, then
    - if another request of this replica is already building it: wait for that snapshot and restore it
-     (branch `first_sight_wait`);
+     (branch `first_sight_wait`), unless that build is detached (below): then it restored the same
+     stage and goes on at once;
    - else build it (staged prefill and saves, `first_sight.StagedPrefill`) in the leased slot, on top
      of what step 1 restored (a next-day session resumes from the stage before the date line), and
-     forward with the slot holding it (branch `first_sight`). Divergence points: when some slot holds
-     only the first k blocks of this session prefix (another prompt parted from it there), a snapshot
-     is also saved at the last safe cut at or before block k, for the sessions that part there later.
+     forward with the slot holding it (branch `first_sight`). When step 1 restored a stage snapshot
+     (a later day: only the tail after it is new), the build runs instead in another idle slot the
+     gateway lends (`borrow`), from the same stage, and the request is forwarded at once (branch
+     `restore_first_sight_detached`); without an idle slot it is built in place.
+     Divergence points: when some slot holds only the first k blocks of this session prefix (another
+     prompt parted from it there), a snapshot is also saved at the last safe cut at or before block k,
+     for the sessions that part there later.
 `prepare` never raises (except cancellation): the index is a hint and the request must be served.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 
 import httpx
@@ -39,6 +45,12 @@ log = logging.getLogger(__name__)
 
 _KNOWN_TTL_S = 10.0  # how long "the fleet has a snapshot of this prefix" is trusted without a lookup
 _KNOWN_MAX = 4096
+_DETACHED_START_S = 5.0  # a detached build waits at most this long for its request's first byte
+
+
+#: A slot lent to a background build (a scheduling decision that holds its lease) and how to give it back.
+Borrowed = tuple[Decision, Callable[[], Awaitable[None]]]
+BorrowSlot = Callable[[SchedRequest], Awaitable[Borrowed | None]]
 
 
 class SnapshotFlow:
@@ -56,6 +68,10 @@ class SnapshotFlow:
         self.flights = Flights()
         self._tasks = tasks
         self._known: dict[tuple[str, str], float] = {}
+        # Set by the gateway: lends an idle slot (leased, counted in flight) to a background build.
+        self.borrow: BorrowSlot | None = None
+        self._detached: set[tuple[str, str]] = set()  # flights building in a borrowed slot
+        self._answering: dict[str, asyncio.Event] = {}  # request id -> set when it answers
 
     async def prepare(self, req: SchedRequest, decision: Decision, pods: Sequence[PodStatus]) -> Decision:
         try:
@@ -102,12 +118,26 @@ class SnapshotFlow:
             self._remember(key)
             return decision
         leader, flight = self.flights.join(key)
+        if not leader and key in self._detached:
+            return decision  # it restored the same stage: waiting for the build would only delay it
         if not leader:
             return await self._wait(req, decision, flight, agents)
         self.metrics.first_sight.labels("leader").inc()
         started = time.perf_counter()
         extra = self._divergence_cuts(prompt, lookup)
         known = frozenset((s.text_hash, s.n_chars) for s in lookup.snapshots if s != failed)
+        if restored is not None and self.borrow is not None:
+            # The slot resumes from a stage snapshot and only a short tail is new (a later day: the date
+            # line). Building the session prefix here would hold the request for a tokenize, a prefill
+            # and a save; build it in another slot instead, and forward now.
+            borrowed = await self.borrow(req)
+            if borrowed is not None:
+                self._detached.add(key)
+                answering = self._answering[req.request_id] = asyncio.Event()
+                self._tasks.spawn(self._build_detached(
+                    req, prompt, key, restored.snapshot, borrowed, agents, extra, known, answering),
+                    name="first-sight-detached")
+                return replace(decision, branch="restore_first_sight_detached")
         build = asyncio.ensure_future(self.staged.build(
             prompt, target, decision.slot, start_tokens=restored.n_tokens if restored else 0,
             extra_cuts=extra, known=known,
@@ -125,6 +155,47 @@ class SnapshotFlow:
                            predicted_blocks=session_blocks, branch="restore_first_sight")
         return replace(decision, action=Action.COMPUTE, snapshot=None, predicted_blocks=session_blocks,
                        branch="first_sight")
+
+    async def _build_detached(
+        self, req: SchedRequest, prompt: Prompt, key: tuple[str, str], stage: SnapshotRef,
+        borrowed: Borrowed, agents: dict[str, str], extra: list[int], known: frozenset[tuple[str, int]],
+        answering: asyncio.Event,
+    ) -> None:
+        """Restore `stage` into the borrowed slot, build the session prefix there, then give it back.
+
+        It starts once the request it was detached from answers (`request_answering`), or after
+        `_DETACHED_START_S` at the latest: on a small pod the build's tokenize and prefill would
+        otherwise compete with that request for the same cores. The flight ends whatever happens."""
+        slot, release = borrowed
+        ref: SnapshotRef | None = None
+        try:
+            with contextlib.suppress(TimeoutError):
+                limit = min(self.config.first_sight_wait_s, _DETACHED_START_S)
+                await asyncio.wait_for(answering.wait(), limit)
+            self._answering.pop(req.request_id, None)
+            started = time.perf_counter()
+            outcome = await self.restorer.restore(req.model, req.prompt.blocks, slot.endpoint, slot.slot,
+                                                  stage, agents)
+            if isinstance(outcome, Restored):
+                ref = await self.staged.build(prompt, slot.endpoint, slot.slot, start_tokens=outcome.n_tokens,
+                                              extra_cuts=extra, known=known)
+            if ref is not None:
+                self._remember(key)
+                self.metrics.first_sight_seconds.observe(time.perf_counter() - started)
+        except Exception:
+            log.exception("detached first-sight build failed")
+        finally:
+            self._answering.pop(req.request_id, None)
+            self._detached.discard(key)
+            self.flights.finish(key, ref)
+            await release()
+
+    def request_answering(self, request_id: str) -> None:
+        """The gateway's signal that a request answers (its first byte) or ended: a build detached from
+        it may start now."""
+        event = self._answering.get(request_id)
+        if event is not None:
+            event.set()
 
     def _worth_first_sight(self, prompt: Prompt, decision: Decision, restored: Restored | None) -> bool:
         if prompt.session_chars < self.config.first_sight_min_chars:
