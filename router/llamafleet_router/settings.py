@@ -104,8 +104,8 @@ class RouterSettings(BaseSettings):
     #: Seconds a request waits for a concurrent request's first-sight snapshot of the same prefix before
     #: it computes the prefix itself.
     first_sight_wait_s: float = Field(default=120.0, ge=0)
-    #: Most stage snapshots (special-token boundaries, the last line) saved inside one new session prefix.
-    snapshot_stages: int = Field(default=3, ge=0)
+    #: Most stage snapshots (the last line, the paragraphs before it, special tokens) per new session prefix.
+    snapshot_stages: int = Field(default=4, ge=0)
 
     @field_validator("pods", "fleets", mode="before")
     @classmethod

@@ -54,6 +54,22 @@ def test_stage_point_is_the_start_of_the_last_line_when_the_prefix_ends_in_a_spe
     assert stage_points(PROMPT_TEXT, len(SYSTEM), min_chars=2048, min_gap=512, limit=3) == [line]
 
 
+def test_stage_points_include_the_paragraphs_before_the_date_line_where_workspaces_part() -> None:
+    """An agent's system prompt ends in a workspace block and the date line: another workspace's first
+    session parts at the block's start, so it is a stage point even a few tokens before the date line,
+    and two workspaces' prompts share everything before it."""
+    def system(folder: str) -> str:
+        return ("<|im_start|>system\n" + "Tools and rules. " * 300
+                + "\n\nBe brief and say when you are not sure.\n\n<workspace>\n"
+                f"Working directory: {folder}\n</workspace>\n\nConversation started: Monday<|im_end|>\n")
+    a, b = system("/home/a"), system("/home/bb")
+    points = stage_points(a, len(a), min_chars=2048, min_gap=512, limit=4)
+    workspace, line = a.index("<workspace>"), a.index("Conversation")
+    assert points == [a.index("Be brief"), workspace, line]
+    assert a[:workspace] == b[:workspace] and a[: workspace + 40] != b[: workspace + 40]
+    assert stage_points(a, len(a), min_chars=2048, min_gap=512, limit=2) == [workspace, line]
+
+
 def test_divergence_point_is_a_line_start_at_or_before_the_shared_prefix() -> None:
     text = "a" * 3000 + "\nsecond line\nthird"
     assert divergence_point(text, 3010, min_chars=2048) == 3001

@@ -26,7 +26,7 @@ class SnapshotConfig:
     block_chars: int = 256
     first_sight_min_chars: int = 2048
     first_sight_wait_s: float = 120.0
-    stages: int = 3
+    stages: int = 4
     resync_timeout_s: float = 3.0  # a pod's first request waits at most this for its snapshots' re-listing
 
     def __repr__(self) -> str:

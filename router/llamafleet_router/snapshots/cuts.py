@@ -38,6 +38,10 @@ _NAME = re.compile(r"(fs|st|dv)-([0-9a-f]{32})-([0-9]{1,9})")
 KINDS = ("fs", "st", "dv")  # first sight (whole session prefix), stage point, divergence point
 
 
+_PARAGRAPHS = 2  # paragraph starts before the last line that become stage points
+_PARAGRAPH_GAP = 16  # characters: closer cuts are the same place
+
+
 def snapshot_name(kind: str, text_hash: str, n_chars: int) -> str:
     if kind not in KINDS:
         raise ValueError(f"unknown snapshot kind {kind!r}")
@@ -148,14 +152,22 @@ def last_line_start(text: str, end: int) -> int:
 def stage_points(text: str, session_chars: int, *, min_chars: int, min_gap: int, limit: int) -> list[int]:
     """Char positions inside the session prefix at which to save stage snapshots, ascending.
 
-    The last line's start always qualifies (the date line); special-token starts qualify when at least
-    `min_gap` characters from the session end and from each other (a cut a few tokens before another
-    saves nothing). At most `limit` points, the latest first kept (they save the most)."""
+    In order of preference, at most `limit`:
+    - the last line's start (the date line: the next day's prompt parts there);
+    - the starts of the `_PARAGRAPHS` paragraphs before it (an agent's system prompt ends in blocks
+      that differ per workspace or user: another workspace's first session resumes at the block's
+      start, a few tokens before its own text, instead of computing the whole prefix); these may lie
+      close together, since what matters is where prompts part, not how much a cut saves;
+    - special-token starts at least `min_gap` characters from the session end and from each other
+      (a cut a few tokens before another saves nothing), the latest first."""
     end = session_chars
     chosen: list[int] = []
     line = last_line_start(text, end)
     if min_chars <= line < end and line in safe_cuts(text, line - 1, line + 1):
         chosen.append(line)
+    for pos in paragraph_starts(text, min_chars, line if chosen else end)[-_PARAGRAPHS:][::-1]:
+        if len(chosen) < limit and all(abs(pos - c) >= _PARAGRAPH_GAP for c in chosen):
+            chosen.append(pos)
     specials = sorted((m.start() for m in _SPECIAL.finditer(text, 0, end)), reverse=True)
     for pos in specials:
         if len(chosen) >= limit:
@@ -165,6 +177,20 @@ def stage_points(text: str, session_chars: int, *, min_chars: int, min_gap: int,
         if all(abs(pos - c) >= min_gap for c in chosen):
             chosen.append(pos)
     return sorted(chosen[:limit])
+
+
+def paragraph_starts(text: str, start: int, end: int) -> list[int]:
+    """Starts of the paragraphs (text after a blank line) in `text[start:end]`, ascending."""
+    out = []
+    pos = text.find("\n\n", start, end)
+    while pos >= 0:
+        nxt = pos + 2
+        while nxt < end and text[nxt] == "\n":
+            nxt += 1
+        if start <= nxt < end and not text[nxt].isspace():
+            out.append(nxt)
+        pos = text.find("\n\n", nxt, end)
+    return out
 
 
 def divergence_point(text: str, common_chars: int, *, min_chars: int) -> int | None:

@@ -10,9 +10,9 @@
    - else build it (staged prefill and saves, `first_sight.StagedPrefill`) in the leased slot, on top
      of what step 1 restored (a next-day session resumes from the stage before the date line), and
      forward with the slot holding it (branch `first_sight`). When step 1 restored a stage snapshot
-     (a later day: only the tail after it is new), the build runs instead in another idle slot the
-     gateway lends (`borrow`), from the same stage, and the request is forwarded at once (branch
-     `restore_first_sight_detached`); without an idle slot it is built in place.
+     and only a short tail is new (a later day: the date line), the build runs instead in another
+     idle slot the gateway lends (`borrow`), from the same stage, and the request is forwarded at once
+     (branch `restore_first_sight_detached`); without an idle slot it is built in place.
      Divergence points: when some slot holds only the first k blocks of this session prefix (another
      prompt parted from it there), a snapshot is also saved at the last safe cut at or before block k,
      for the sessions that part there later.
@@ -46,6 +46,9 @@ log = logging.getLogger(__name__)
 _KNOWN_TTL_S = 10.0  # how long "the fleet has a snapshot of this prefix" is trusted without a lookup
 _KNOWN_MAX = 4096
 _DETACHED_START_S = 5.0  # a detached build waits at most this long for its request's first byte
+# A detached build computes the tail after the stage again, beside the request that computes it too:
+# worth it for a date line (tens of tokens), not for a long tail, which is built once, in place.
+_DETACH_MAX_TAIL_CHARS = 1024
 
 
 #: A slot lent to a background build (a scheduling decision that holds its lease) and how to give it back.
@@ -126,7 +129,8 @@ class SnapshotFlow:
         started = time.perf_counter()
         extra = self._divergence_cuts(prompt, lookup)
         known = frozenset((s.text_hash, s.n_chars) for s in lookup.snapshots if s != failed)
-        if restored is not None and self.borrow is not None:
+        tail = prompt.session_chars - restored.snapshot.n_chars if restored is not None else None
+        if tail is not None and 0 < tail <= _DETACH_MAX_TAIL_CHARS and self.borrow is not None:
             # The slot resumes from a stage snapshot and only a short tail is new (a later day: the date
             # line). Building the session prefix here would hold the request for a tokenize, a prefill
             # and a save; build it in another slot instead, and forward now.
