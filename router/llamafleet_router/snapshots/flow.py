@@ -129,8 +129,8 @@ class SnapshotFlow:
         started = time.perf_counter()
         extra = self._divergence_cuts(prompt, lookup)
         known = frozenset((s.text_hash, s.n_chars) for s in lookup.snapshots if s != failed)
-        tail = prompt.session_chars - restored.snapshot.n_chars if restored is not None else None
-        if tail is not None and 0 < tail <= _DETACH_MAX_TAIL_CHARS and self.borrow is not None:
+        if (restored is not None and self.borrow is not None
+                and 0 < prompt.session_chars - restored.snapshot.n_chars <= _DETACH_MAX_TAIL_CHARS):
             # The slot resumes from a stage snapshot and only a short tail is new (a later day: the date
             # line). Building the session prefix here would hold the request for a tokenize, a prefill
             # and a save; build it in another slot instead, and forward now.
