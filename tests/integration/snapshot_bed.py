@@ -24,7 +24,7 @@ from llamafleet_router.inprocess import serve
 from tests.fixtures.llama import StartLlamaServer
 
 TOKEN = "snapshot-test-token"
-SERVER_ARGS = ("-fa", "on", "--no-cache-idle-slots")  # pinned, as a rendered pod spec does
+SERVER_ARGS = ("-fa", "on", "--no-cache-idle-slots", "--metrics")  # as a rendered pod spec has them
 
 
 @dataclass

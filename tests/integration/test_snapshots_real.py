@@ -106,7 +106,8 @@ async def test_concurrent_sessions_reuse_the_prefix_when_on_one_pod_and_on_two_p
             assert x.cache_n >= 0.95 * _prefix_tokens(one[0]), (x.action, x.cache_n, one[0].prompt_tokens)
             assert x.action.startswith("restore/") and x.snapshot.startswith("fs-"), (x.action, x.snapshot)
 
-        other = make_profile(WorkloadSpec(prefix_chars=BIG, day=DAY, workspace="/home/dev/other"))
+        # Another agent (other tools and rules): nothing of the first part's stages helps it.
+        other = make_profile(WorkloadSpec(prefix_chars=BIG, day=DAY, seed=77, workspace="/home/dev/other"))
         async with gateway([a.spec, b.spec], redis_url, prefix=f"s2{name}", agent_token=TOKEN) as gw:
             two = await _three_sessions(http, gw.url, other, name, rng, during_prefill=True)
             waiters = await metric(http, gw.url, "llamafleet_router_snapshot_first_sight_total",
@@ -176,7 +177,8 @@ async def test_next_day_session_resumes_before_the_date_line_when_the_pod_restar
         first = await chat(http, gw.url, day1.request(name, user_question(rng), max_tokens=4))
         cold_s = time.perf_counter() - started
         assert first.status == 200 and first.action == "compute/first_sight", first.action
-        assert [p.name[:3] for p in a.files()] == ["fs-", "st-"], a.files()
+        kinds = [p.name[:3] for p in a.files()]
+        assert kinds.count("fs-") == 1 and kinds.count("st-") >= 1, a.files()  # a stage at the date line
 
         epoch = await _epoch(gw.app, a.server.url)
         a.server.stop()
@@ -188,12 +190,12 @@ async def test_next_day_session_resumes_before_the_date_line_when_the_pod_restar
         later = await chat(http, gw.url, day2.request(name, user_question(rng), max_tokens=4))
         warm_s = time.perf_counter() - started
         resynced = await metric(http, gw.url, "llamafleet_router_snapshot_resynced_total")
-        day2_files = a.files()
+        day2_files = a.files("fs-")
         for _ in range(100):  # the background build ends within a prefill of the date line's tail
-            if len(day2_files) == 3:
+            if len(day2_files) == 2:
                 break
             await asyncio.sleep(0.1)
-            day2_files = a.files()
+            day2_files = a.files("fs-")
         nxt = await chat(http, gw.url, day2.request(name, user_question(rng), max_tokens=4))
     assert later.status == 200
     assert resynced >= 2, "the restarted pod's snapshots were recorded again"
@@ -204,10 +206,48 @@ async def test_next_day_session_resumes_before_the_date_line_when_the_pod_restar
     assert warm_s < 0.5 * cold_s, (warm_s, cold_s)
     # The day-2 session prefix was built in another slot while the request was answered, from the
     # same stage: a second `fs-` snapshot, and the next day-2 session restores it.
-    assert sorted(p.name[:3] for p in day2_files) == ["fs-", "fs-", "st-"], day2_files
+    assert len(day2_files) == 2, day2_files
     # (An attention-only model may instead resume the first day-2 session's slot: same reuse.)
     assert nxt.action in ("restore/restore", "direct/slot_hit"), (nxt.action, nxt.snapshot)
     assert nxt.prompt_tokens - nxt.cache_n < 40, (nxt.action, nxt.cache_n, nxt.prompt_tokens)
+
+
+async def _computed(http: httpx.AsyncClient, server_url: str) -> int:
+    """Prompt tokens the server computed so far (cached ones excluded): its own counter."""
+    for line in (await http.get(server_url + "/metrics")).text.splitlines():
+        if line.startswith("llamacpp:prompt_tokens_total"):
+            return int(float(line.rsplit(" ", 1)[1]))
+    raise AssertionError("llama-server /metrics has no prompt_tokens_total")
+
+
+async def test_first_sessions_of_two_workspaces_compute_their_shared_part_once(
+    model: tuple[str, Path], start_llama_server: StartLlamaServer, tmp_path: Path, redis_url: str,
+    http: httpx.AsyncClient,
+) -> None:
+    """Two workspaces' first sessions start together: their prefixes differ only from the workspace
+    block on. The second waits for the first's stage at that block (stage single flight), restores it
+    and computes only its own tail, so the server computes the shared part once, not twice."""
+    name, path = model
+    rng = random.Random(13)
+    one = make_profile(WorkloadSpec(prefix_chars=SMALL, day=DAY, workspace="/home/dev/one"))
+    two = make_profile(WorkloadSpec(prefix_chars=SMALL, day=DAY, workspace="/home/dev/two"))
+    async with agent_pod(start_llama_server, path, name, tmp_path / "a", http) as a, \
+            gateway([a.spec], redis_url, prefix=f"w{name}", agent_token=TOKEN) as gw:
+        before = await _computed(http, a.server.url)
+        first = asyncio.create_task(chat(http, gw.url, one.request(name, user_question(rng), max_tokens=4)))
+        await asyncio.sleep(0.15)
+        second = await chat(http, gw.url, two.request(name, user_question(rng), max_tokens=4))
+        answers = [await first, second]
+        stage_waiters = await metric(http, gw.url, "llamafleet_router_snapshot_first_sight_total",
+                                     role="stage_waiter")
+        await asyncio.sleep(1.0)  # a detached build of the second prefix's tail may still run
+        computed = await _computed(http, a.server.url) - before
+    assert all(x.status == 200 for x in answers), answers
+    prefix = _prefix_tokens(answers[0])
+    # One prefix, two short tails (the second's maybe twice: request and detached build), 2 questions.
+    assert computed < 1.3 * prefix, (computed, prefix, [x.action for x in answers])
+    assert stage_waiters == 1, [x.action for x in answers]
+    assert answers[1].cache_n >= 0.9 * prefix, (answers[1].action, answers[1].cache_n, prefix)
 
 
 def _tokens(raw: bytes) -> list[str]:

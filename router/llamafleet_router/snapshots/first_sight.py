@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,6 +51,19 @@ class Flights:
         self._running[key] = future
         return True, future
 
+    def open(self, key: tuple[str, str]) -> bool:
+        """Start a flight for `key` unless one runs (True: the caller owns it and must `finish` it)."""
+        running = self._running.get(key)
+        if running is not None and not running.done():
+            return False
+        self._running[key] = asyncio.get_running_loop().create_future()
+        return True
+
+    def running(self, key: tuple[str, str]) -> asyncio.Future[SnapshotRef | None] | None:
+        """The flight building `key`, if one runs (without joining it)."""
+        running = self._running.get(key)
+        return running if running is not None and not running.done() else None
+
     def finish(self, key: tuple[str, str], result: SnapshotRef | None) -> None:
         future = self._running.pop(key, None)
         if future is not None and not future.done():
@@ -58,6 +71,47 @@ class Flights:
 
     def __len__(self) -> int:
         return len(self._running)
+
+
+StageKeys = dict[int, tuple[str, str]]  # stage cut (chars) -> its flight key
+
+
+class StageFlights:
+    """Single flight for the stages a session prefix shares with others.
+
+    Two workspaces' first sessions, started together, share everything before their workspace blocks;
+    keyed by exact session prefix only, each would compute that part. A leader opens a flight per stage
+    it will save (keyed like a session prefix: model and exact text hash of the text up to the cut) and
+    ends each as soon as that stage is saved; a request whose own prefix nobody builds waits for the
+    latest of its stages in flight, restores it and builds only the rest."""
+
+    def __init__(self, flights: Flights, config: SnapshotConfig) -> None:
+        self._flights = flights
+        self._config = config
+
+    def keys(self, prompt: Prompt, after_chars: int) -> StageKeys:
+        """Flight keys of the prompt's stage points past `after_chars` (the points the build uses)."""
+        cfg = self._config
+        points = stage_points(prompt.text, prompt.session_chars, min_chars=cfg.first_sight_min_chars,
+                              min_gap=cfg.min_gap, limit=cfg.stages)
+        return {c: (prompt.model, exact_text_hash(prompt.text[:c])) for c in points
+                if after_chars < c < prompt.session_chars}
+
+    def open(self, prompt: Prompt, after_chars: int) -> StageKeys:
+        """Open a flight for each stage past `after_chars` that nobody else is building."""
+        return {c: k for c, k in self.keys(prompt, after_chars).items() if self._flights.open(k)}
+
+    def saved(self, stages: StageKeys) -> Callable[[int, SnapshotRef], None]:
+        """The build's `on_saved`: ends the stage's flight with its snapshot."""
+        def on_saved(chars: int, ref: SnapshotRef) -> None:
+            if chars in stages:
+                self._flights.finish(stages[chars], ref)
+        return on_saved
+
+    def finish(self, stages: StageKeys) -> None:
+        """End every stage flight still open (a no-op for the stages already saved)."""
+        for key in stages.values():
+            self._flights.finish(key, None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +149,7 @@ class StagedPrefill:
 
     async def build(
         self, prompt: Prompt, target: Endpoint, slot: int, *, start_tokens: int, extra_cuts: Sequence[int],
-        known: frozenset[tuple[str, int]],
+        known: frozenset[tuple[str, int]], on_saved: Callable[[int, SnapshotRef], None] | None = None,
     ) -> SnapshotRef | None:
         """Prefill the session prefix into `slot` in stages and snapshot it; the `fs-` snapshot or None.
 
@@ -130,7 +184,9 @@ class StagedPrefill:
             if not await self._prefill(llama, tokens[:n], slot):
                 return None
             done = n
-            await self._save(agent, prompt, target, slot, kind, chars, tokens[:n])
+            ref = await self._save(agent, prompt, target, slot, kind, chars, tokens[:n])
+            if ref is not None and on_saved is not None:
+                on_saved(chars, ref)  # requests waiting for this stage need not wait for the rest
         if done < len(tokens) and not await self._prefill(llama, tokens, slot):
             return None
         return await self._save(agent, prompt, target, slot, "fs", prompt.session_chars, tokens)

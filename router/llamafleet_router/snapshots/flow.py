@@ -37,7 +37,7 @@ from llamafleet_router.discovery.base import PodStatus
 from llamafleet_router.scheduling.framework import ANY_SLOT, Decision, SchedRequest
 from llamafleet_router.snapshots.base import SnapshotConfig, SnapshotMetrics
 from llamafleet_router.snapshots.cuts import divergence_point
-from llamafleet_router.snapshots.first_sight import Flights, Prompt, StagedPrefill
+from llamafleet_router.snapshots.first_sight import Flights, Prompt, StagedPrefill, StageFlights, StageKeys
 from llamafleet_router.snapshots.restore import Restored, RestoreExecutor
 from llamafleet_router.snapshots.resync import Resync
 
@@ -69,6 +69,7 @@ class SnapshotFlow:
         self.staged = StagedPrefill(http=http, index=index, config=config, metrics=metrics)
         self.resync = Resync(http=http, index=index, config=config, metrics=metrics)
         self.flights = Flights()
+        self.stage_flights = StageFlights(self.flights, config)
         self._tasks = tasks
         self._known: dict[tuple[str, str], float] = {}
         # Set by the gateway: lends an idle slot (leased, counted in flight) to a background build.
@@ -120,6 +121,13 @@ class SnapshotFlow:
         if exact and (failed is None or any(s != failed for s in exact)):
             self._remember(key)
             return decision
+        if self.flights.running(key) is None:
+            # Nobody builds this session prefix, but another request may be building one that shares a
+            # stage with it (another workspace's prefix, started a moment earlier): wait for that stage
+            # and build only the rest, instead of computing the shared part a second time.
+            staged = await self._restore_stage_in_flight(req, prompt, decision, restored, agents)
+            if staged is not None:
+                decision, restored = staged
         leader, flight = self.flights.join(key)
         if not leader and key in self._detached:
             return decision  # it restored the same stage: waiting for the build would only delay it
@@ -142,12 +150,13 @@ class SnapshotFlow:
                     req, prompt, key, restored.snapshot, borrowed, agents, extra, known, answering),
                     name="first-sight-detached")
                 return replace(decision, branch="restore_first_sight_detached")
+        stages = self.stage_flights.open(prompt, restored.snapshot.n_chars if restored else 0)
         build = asyncio.ensure_future(self.staged.build(
             prompt, target, decision.slot, start_tokens=restored.n_tokens if restored else 0,
-            extra_cuts=extra, known=known,
+            extra_cuts=extra, known=known, on_saved=self.stage_flights.saved(stages),
         ))
         # The build goes on if this request is cancelled (client gone): waiters still get the snapshot.
-        build.add_done_callback(lambda t: self.flights.finish(key, _result(t)))
+        build.add_done_callback(lambda t: self._finish(key, stages, _result(t)))
         ref = await asyncio.shield(build)
         self.metrics.first_sight_seconds.observe(time.perf_counter() - started)
         if ref is None:
@@ -172,6 +181,7 @@ class SnapshotFlow:
         otherwise compete with that request for the same cores. The flight ends whatever happens."""
         slot, release = borrowed
         ref: SnapshotRef | None = None
+        stages: StageKeys = {}
         try:
             with contextlib.suppress(TimeoutError):
                 limit = min(self.config.first_sight_wait_s, _DETACHED_START_S)
@@ -181,8 +191,10 @@ class SnapshotFlow:
             outcome = await self.restorer.restore(req.model, req.prompt.blocks, slot.endpoint, slot.slot,
                                                   stage, agents)
             if isinstance(outcome, Restored):
-                ref = await self.staged.build(prompt, slot.endpoint, slot.slot, start_tokens=outcome.n_tokens,
-                                              extra_cuts=extra, known=known)
+                stages = self.stage_flights.open(prompt, outcome.snapshot.n_chars)
+                ref = await self.staged.build(
+                    prompt, slot.endpoint, slot.slot, start_tokens=outcome.n_tokens, extra_cuts=extra,
+                    known=known, on_saved=self.stage_flights.saved(stages))
             if ref is not None:
                 self._remember(key)
                 self.metrics.first_sight_seconds.observe(time.perf_counter() - started)
@@ -191,8 +203,38 @@ class SnapshotFlow:
         finally:
             self._answering.pop(req.request_id, None)
             self._detached.discard(key)
-            self.flights.finish(key, ref)
+            self._finish(key, stages, ref)
             await release()
+
+    def _finish(self, key: tuple[str, str], stages: StageKeys, ref: SnapshotRef | None) -> None:
+        self.stage_flights.finish(stages)
+        self.flights.finish(key, ref)
+
+    async def _restore_stage_in_flight(
+        self, req: SchedRequest, prompt: Prompt, decision: Decision, restored: Restored | None,
+        agents: dict[str, str],
+    ) -> tuple[Decision, Restored] | None:
+        """Wait for the latest of this prompt's stages that another request is building, and restore it
+        into the slot; None when no such build runs or it did not save the stage."""
+        after = restored.snapshot.n_chars if restored is not None else 0
+        for _, stage_key in sorted(self.stage_flights.keys(prompt, after).items(), reverse=True):
+            flight = self.flights.running(stage_key)
+            if flight is None:
+                continue
+            self.metrics.first_sight.labels("stage_waiter").inc()
+            try:
+                ref = await asyncio.wait_for(asyncio.shield(flight), self.config.first_sight_wait_s)
+            except TimeoutError:
+                return None
+            if ref is None:
+                return None
+            outcome = await self.restorer.restore(req.model, req.prompt.blocks, decision.endpoint,
+                                                  decision.slot, ref, agents)
+            if not isinstance(outcome, Restored):
+                return None
+            return replace(decision, action=Action.RESTORE, snapshot=outcome.snapshot,
+                           predicted_blocks=ref.n_blocks, branch="restore_stage_wait"), outcome
+        return None
 
     def request_answering(self, request_id: str) -> None:
         """The gateway's signal that a request answers (its first byte) or ended: a build detached from
