@@ -36,7 +36,8 @@ async def test_harness_measures_reuse_and_agreement_when_run_against_real_server
         assert setup["mixed"]["failed"] == 0 and setup["mixed"]["computed"] > 0
     third = fleet["as_is"][0][2]
     # It reuses the prefix through a restore, or through a slot that holds it (timing decides which).
-    assert third["headers"]["x-llamafleet-action"].startswith(("restore/", "direct/slot_hit")), third["headers"]
+    action = third["headers"]["x-llamafleet-action"]
+    assert action.startswith(("restore/", "direct/slot_hit")), third["headers"]
     assert third["cache_n"] >= 0.9 * (third["cache_n"] + third["prompt_n"])
     assert plain["as_is"][0][2]["cache_n"] <= 0.05 * plain["as_is"][0][2]["prompt_n"]
     assert fleet["declared"][0][0]["cache_n"] > 0  # the declared SharedPrefix was warm before session 1
