@@ -141,8 +141,24 @@ class Fleet:
     async def restart_all(self) -> None:
         from llamafleet_local.up.supervise import restart
 
+        before = await self._epochs()
         for pod in self.fleet.pods:
             await restart(self.fleet, pod)
+        # As at start: "every pod restarted" means the gateway routes to every pod again, in its new
+        # epoch. A request sent while a pod is still down in the gateway's view could not find that
+        # pod's snapshots (the gateway records them again when it sees the pod back).
+        deadline = time.monotonic() + 30.0
+        while time.monotonic() < deadline:
+            now = await self._epochs()
+            if now.keys() == before.keys() and all(now[uid] > epoch for uid, epoch in before.items()):
+                return
+            await asyncio.sleep(0.05)
+        raise TimeoutError("the gateway did not see every restarted pod within 30 s")
+
+    async def _epochs(self) -> dict[str, int]:
+        """Epoch of every pod the gateway routes to now, by uid."""
+        discovery: Any = self.fleet.app.state.gateway.discovery
+        return {p.endpoint.uid: p.endpoint.pod.epoch for p in await discovery.endpoints() if p.ready}
 
     async def stop(self) -> None:
         await self.fleet.stop()
