@@ -152,8 +152,8 @@ class Fleet:
         started = time.monotonic()
         while time.monotonic() < started + 30.0:
             now = await self._epochs()
-            if now.keys() == before.keys() and (
-                    all(now[uid] > epoch for uid, epoch in before.items()) or time.monotonic() > started + 2.0):
+            restarted = all(now.get(uid, -1) > epoch for uid, epoch in before.items())
+            if now.keys() == before.keys() and (restarted or time.monotonic() > started + 2.0):
                 return
             await asyncio.sleep(0.05)
         raise TimeoutError("the gateway did not see every restarted pod up within 30 s")
