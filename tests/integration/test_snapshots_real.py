@@ -197,6 +197,14 @@ async def test_next_day_session_resumes_before_the_date_line_when_the_pod_restar
             await asyncio.sleep(0.1)
             day2_files = a.files("fs-")
         nxt = await chat(http, gw.url, day2.request(name, user_question(rng), max_tokens=4))
+        # Day 3, two sessions at once: both restore the stage before the date line; one builds the new
+        # prefix detached, the other goes on at once instead of waiting for that build.
+        day3 = make_profile(WorkloadSpec(prefix_chars=BIG, day=DAY + dt.timedelta(days=2)))
+        waiters = await metric(http, gw.url, "llamafleet_router_snapshot_first_sight_total", role="waiter")
+        together = await asyncio.gather(*(
+            chat(http, gw.url, day3.request(name, user_question(rng), max_tokens=4)) for _ in range(2)))
+        waited = await metric(http, gw.url, "llamafleet_router_snapshot_first_sight_total",
+                              role="waiter") - waiters
     assert later.status == 200
     assert resynced >= 2, "the restarted pod's snapshots were recorded again"
     branch = "restore_first_sight_detached" if slots > 1 else "restore_first_sight"
@@ -210,6 +218,13 @@ async def test_next_day_session_resumes_before_the_date_line_when_the_pod_restar
     # (An attention-only model may instead resume the first day-2 session's slot: same reuse.)
     assert nxt.action in ("restore/restore", "direct/slot_hit"), (nxt.action, nxt.snapshot)
     assert nxt.prompt_tokens - nxt.cache_n < 40, (nxt.action, nxt.cache_n, nxt.prompt_tokens)
+    if slots > 1:
+        # One builds the day-3 prefix detached (its slot holds day 2's up to the date line, or it
+        # restored the stage); the other goes on as decided instead of waiting for that build.
+        actions = [x.action for x in together]
+        assert sum(a.endswith("first_sight_detached") for a in actions) == 1, actions
+        assert waited == 0 and all(x.status == 200 for x in together), actions
+        assert all(x.prompt_tokens - x.cache_n < 60 for x in together), together
 
 
 async def _computed(http: httpx.AsyncClient, server_url: str) -> int:

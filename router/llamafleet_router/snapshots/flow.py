@@ -137,19 +137,23 @@ class SnapshotFlow:
         started = time.perf_counter()
         extra = self._divergence_cuts(prompt, lookup)
         known = frozenset((s.text_hash, s.n_chars) for s in lookup.snapshots if s != failed)
-        if (restored is not None and self.borrow is not None
-                and 0 < prompt.session_chars - restored.snapshot.n_chars <= _DETACH_MAX_TAIL_CHARS):
-            # The slot resumes from a stage snapshot and only a short tail is new (a later day: the date
-            # line). Building the session prefix here would hold the request for a tokenize, a prefill
-            # and a save; build it in another slot instead, and forward now.
+        base = restored.snapshot if restored is not None else self._held_stage(
+            prompt, decision, lookup, failed)
+        tail = prompt.session_chars - base.n_chars if base is not None else 0
+        if base is not None and self.borrow is not None and 0 < tail <= _DETACH_MAX_TAIL_CHARS:
+            # The slot resumes from a stage (restored, or held since a previous day's session) and only
+            # a short tail is new (a later day: the date line). Building the session prefix here would
+            # hold the request for a tokenize, a prefill and a save; build it in another slot from the
+            # stage's snapshot instead, and forward now.
             borrowed = await self.borrow(req)
             if borrowed is not None:
                 self._detached.add(key)
                 answering = self._answering[req.request_id] = asyncio.Event()
                 self._tasks.spawn(self._build_detached(
-                    req, prompt, key, restored.snapshot, borrowed, agents, extra, known, answering),
+                    req, prompt, key, base, borrowed, agents, extra, known, answering),
                     name="first-sight-detached")
-                return replace(decision, branch="restore_first_sight_detached")
+                branch = "restore_first_sight_detached" if restored is not None else "first_sight_detached"
+                return replace(decision, branch=branch)
         stages = self.stage_flights.open(prompt, restored.snapshot.n_chars if restored else 0)
         build = asyncio.ensure_future(self.staged.build(
             prompt, target, decision.slot, start_tokens=restored.n_tokens if restored else 0,
@@ -242,6 +246,23 @@ class SnapshotFlow:
         event = self._answering.get(request_id)
         if event is not None:
             event.set()
+
+    def _held_stage(
+        self, prompt: Prompt, decision: Decision, lookup: Lookup, failed: SnapshotRef | None,
+    ) -> SnapshotRef | None:
+        """A snapshot of this prompt's text ending within the detach window of its session prefix,
+        when the slot itself already holds about as much (the request computes only the tail)."""
+        held_chars = (decision.predicted_blocks + 1) * self.config.block_chars
+        best: SnapshotRef | None = None
+        for snap in lookup.snapshots:
+            tail = prompt.session_chars - snap.n_chars
+            if snap == failed or not snap.text_hash or not 0 < tail <= _DETACH_MAX_TAIL_CHARS:
+                continue
+            if snap.n_chars > held_chars:
+                continue
+            if (best is None or snap.n_chars > best.n_chars) and snap.extended_by(prompt.text):
+                best = snap
+        return best
 
     def _worth_first_sight(self, prompt: Prompt, decision: Decision, restored: Restored | None) -> bool:
         if prompt.session_chars < self.config.first_sight_min_chars:
