@@ -164,3 +164,20 @@ def test_first_sight_builds_the_shared_head_not_a_conversations_own_prefix() -> 
     assert prompt is not None and prompt.session_chars == len(SYSTEM)
     first = _prompt(SchedRequest(request_id="r", model="m", prompt=identity()))
     assert first is not None and first.session_chars == len(SYSTEM)
+
+
+def test_held_stage_is_the_longest_snapshot_of_the_prompt_within_the_window_and_the_slot() -> None:
+    """A detached build starts from a snapshot the prompt extends, ending a short tail before the session
+    end and not past what the request's slot holds; another text, a long tail or more than the slot
+    holds never qualifies."""
+    from llamafleet_router.snapshots.cuts import held_stage
+
+    line = SYSTEM.index("Conversation")
+    near = snap("near", "a", PROMPT_TEXT, line)
+    far = snap("far", "a", PROMPT_TEXT, line - 2000)
+    other = snap("other", "a", "x" * len(PROMPT_TEXT), line)
+    session = len(SYSTEM)
+    assert held_stage(PROMPT_TEXT, session, session, [far, near, other], window=1024) == near
+    assert held_stage(PROMPT_TEXT, session, line - 1, [far, near], window=1024) is None  # slot holds less
+    assert held_stage(PROMPT_TEXT, session, session, [far], window=1024) is None  # tail too long
+    assert held_stage(PROMPT_TEXT, session, session, [other], window=1024) is None  # not this text

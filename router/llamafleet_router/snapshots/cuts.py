@@ -204,3 +204,19 @@ def divergence_point(text: str, common_chars: int, *, min_chars: int) -> int | N
     cuts = safe_cuts(text, max(0, min_chars - 1), min(common_chars + 1, len(text)))
     cuts = [c for c in cuts if c <= common_chars]
     return cuts[-1] if cuts else None
+
+
+def held_stage(
+    text: str, session_chars: int, held_chars: int, snapshots: Sequence[SnapshotRef], *, window: int,
+) -> SnapshotRef | None:
+    """The longest snapshot of `text` ending within `window` characters before the session prefix's
+    end and not past what the slot holds (`held_chars`): the stage a detached build can start from while
+    the request itself computes only the tail in its own slot."""
+    best: SnapshotRef | None = None
+    for snap in snapshots:
+        tail = session_chars - snap.n_chars
+        if not snap.text_hash or not 0 < tail <= window or snap.n_chars > held_chars:
+            continue
+        if (best is None or snap.n_chars > best.n_chars) and snap.extended_by(text):
+            best = snap
+    return best

@@ -36,7 +36,7 @@ from llamafleet_router.background import TaskSet
 from llamafleet_router.discovery.base import PodStatus
 from llamafleet_router.scheduling.framework import ANY_SLOT, Decision, SchedRequest
 from llamafleet_router.snapshots.base import SnapshotConfig, SnapshotMetrics
-from llamafleet_router.snapshots.cuts import divergence_point
+from llamafleet_router.snapshots.cuts import divergence_point, held_stage
 from llamafleet_router.snapshots.first_sight import Flights, Prompt, StagedPrefill, StageFlights, StageKeys
 from llamafleet_router.snapshots.restore import Restored, RestoreExecutor
 from llamafleet_router.snapshots.resync import Resync
@@ -137,8 +137,9 @@ class SnapshotFlow:
         started = time.perf_counter()
         extra = self._divergence_cuts(prompt, lookup)
         known = frozenset((s.text_hash, s.n_chars) for s in lookup.snapshots if s != failed)
-        base = restored.snapshot if restored is not None else self._held_stage(
-            prompt, decision, lookup, failed)
+        base = restored.snapshot if restored is not None else held_stage(
+            prompt.text, prompt.session_chars, (decision.predicted_blocks + 1) * self.config.block_chars,
+            [x for x in lookup.snapshots if x != failed], window=_DETACH_MAX_TAIL_CHARS)
         tail = prompt.session_chars - base.n_chars if base is not None else 0
         if base is not None and self.borrow is not None and 0 < tail <= _DETACH_MAX_TAIL_CHARS:
             # The slot resumes from a stage (restored, or held since a previous day's session) and only
@@ -246,23 +247,6 @@ class SnapshotFlow:
         event = self._answering.get(request_id)
         if event is not None:
             event.set()
-
-    def _held_stage(
-        self, prompt: Prompt, decision: Decision, lookup: Lookup, failed: SnapshotRef | None,
-    ) -> SnapshotRef | None:
-        """A snapshot of this prompt's text ending within the detach window of its session prefix,
-        when the slot itself already holds about as much (the request computes only the tail)."""
-        held_chars = (decision.predicted_blocks + 1) * self.config.block_chars
-        best: SnapshotRef | None = None
-        for snap in lookup.snapshots:
-            tail = prompt.session_chars - snap.n_chars
-            if snap == failed or not snap.text_hash or not 0 < tail <= _DETACH_MAX_TAIL_CHARS:
-                continue
-            if snap.n_chars > held_chars:
-                continue
-            if (best is None or snap.n_chars > best.n_chars) and snap.extended_by(prompt.text):
-                best = snap
-        return best
 
     def _worth_first_sight(self, prompt: Prompt, decision: Decision, restored: Restored | None) -> bool:
         if prompt.session_chars < self.config.first_sight_min_chars:
