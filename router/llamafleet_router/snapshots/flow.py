@@ -46,6 +46,7 @@ log = logging.getLogger(__name__)
 _KNOWN_TTL_S = 10.0  # how long "the fleet has a snapshot of this prefix" is trusted without a lookup
 _KNOWN_MAX = 4096
 _DETACHED_START_S = 5.0  # a detached build waits at most this long for its request's first byte
+_RELEASE_S = 5.0  # a detached build gives its borrowed slot back within this, or leaves it to the TTL
 # A detached build computes the tail after the stage again, beside the request that computes it too:
 # worth it for a date line (tens of tokens), not for a long tail, which is built once, in place.
 _DETACH_MAX_TAIL_CHARS = 1024
@@ -209,7 +210,9 @@ class SnapshotFlow:
             self._answering.pop(req.request_id, None)
             self._detached.discard(key)
             self._finish(key, stages, ref)
-            await release()
+            # Bounded: at shutdown the lease store may be gone, and the lease's TTL is the backstop.
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(release(), _RELEASE_S)
 
     def _finish(self, key: tuple[str, str], stages: StageKeys, ref: SnapshotRef | None) -> None:
         self.stage_flights.finish(stages)
