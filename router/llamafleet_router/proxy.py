@@ -152,18 +152,9 @@ async def forward(
 
     status, content_type = upstream.status_code, upstream.headers.get("content-type", "")
     if status >= 400 or not content_type.startswith("text/event-stream"):
-        if on_first_byte is not None and status < 400:
-            on_first_byte(time.perf_counter() - started)
-        outcome = Outcome(status=status, error="cancelled")
-        try:
-            content = await upstream.aread()
-            outcome = _buffered_outcome(status, content)
-        except httpx.HTTPError as exc:
-            outcome = Outcome(status=502, error=str(exc))
-            raise _upstream_error("while answering", exc) from exc
-        finally:
-            on_finish(outcome, upstream.aclose)
-        return _buffered_response(content, status, upstream.headers.items(), extra_headers)
+        return await _answer_buffered(upstream.aread, upstream.aclose, httpx.HTTPError, status,
+                                      upstream.headers.items(), started, on_finish, on_first_byte,
+                                      extra_headers)
     return RelayResponse(
         relay(upstream.aiter_raw(), status, upstream.aclose, httpx.HTTPError, started, on_finish,
               on_first_byte),
@@ -190,18 +181,9 @@ async def _forward_aiohttp(
 
     status = upstream.status
     if head is None:
-        if on_first_byte is not None and status < 400:
-            on_first_byte(time.perf_counter() - started)
-        outcome = Outcome(status=status, error="cancelled")
-        try:
-            content = await upstream.read()
-            outcome = _buffered_outcome(status, content)
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            outcome = Outcome(status=502, error=str(exc))
-            raise _upstream_error("while answering", exc) from exc
-        finally:
-            on_finish(outcome, close)
-        return _buffered_response(content, status, upstream.headers.items(), extra_headers)
+        return await _answer_buffered(upstream.read, close, (aiohttp.ClientError, TimeoutError), status,
+                                      upstream.headers.items(), started, on_finish, on_first_byte,
+                                      extra_headers)
     return RelayResponse(
         relay(_prepend(head, upstream.content.iter_any()), status, close, aiohttp.ClientError, started,
               on_finish, on_first_byte),
@@ -308,6 +290,33 @@ async def _noop() -> None:
 def _upstream_error(when: str, exc: Exception) -> ApiError:
     return ApiError(502, f"The upstream server failed {when}: {type(exc).__name__}", type=SERVER,
                     code="upstream_error")
+
+
+async def _answer_buffered(
+    read: Callable[[], Awaitable[bytes]],
+    close: Callable[[], Awaitable[None]],
+    errors: type[Exception] | tuple[type[Exception], ...],
+    status: int,
+    upstream_headers: Iterable[tuple[str, str]],
+    started: float,
+    on_finish: OnFinish,
+    on_first_byte: OnFirstByte | None,
+    extra_headers: Mapping[str, str] | None,
+) -> Response:
+    """A non-streamed answer (an error status, or `stream: false`): read it whole, report it exactly
+    once, and answer it. `errors` are the upstream client's failures while reading."""
+    if on_first_byte is not None and status < 400:
+        on_first_byte(time.perf_counter() - started)
+    outcome = Outcome(status=status, error="cancelled")
+    try:
+        content = await read()
+        outcome = _buffered_outcome(status, content)
+    except errors as exc:
+        outcome = Outcome(status=502, error=str(exc))
+        raise _upstream_error("while answering", exc) from exc
+    finally:
+        on_finish(outcome, close)
+    return _buffered_response(content, status, upstream_headers, extra_headers)
 
 
 def _buffered_outcome(status: int, content: bytes) -> Outcome:
