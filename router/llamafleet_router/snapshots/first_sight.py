@@ -76,6 +76,13 @@ class Flights:
 StageKeys = dict[int, tuple[str, str]]  # stage cut (chars) -> its flight key
 
 
+def prompt_stages(prompt: Prompt, config: SnapshotConfig) -> list[int]:
+    """The stage points of a prompt's session prefix: one function for the build that saves them and
+    for the requests that wait for them, so both name the same stages."""
+    return stage_points(prompt.text, prompt.session_chars, min_chars=config.first_sight_min_chars,
+                        min_gap=config.min_gap, limit=config.stages)
+
+
 class StageFlights:
     """Single flight for the stages a session prefix shares with others.
 
@@ -91,11 +98,8 @@ class StageFlights:
 
     def keys(self, prompt: Prompt, after_chars: int) -> StageKeys:
         """Flight keys of the prompt's stage points past `after_chars` (the points the build uses)."""
-        cfg = self._config
-        points = stage_points(prompt.text, prompt.session_chars, min_chars=cfg.first_sight_min_chars,
-                              min_gap=cfg.min_gap, limit=cfg.stages)
-        return {c: (prompt.model, exact_text_hash(prompt.text[:c])) for c in points
-                if after_chars < c < prompt.session_chars}
+        return {c: (prompt.model, exact_text_hash(prompt.text[:c]))
+                for c in prompt_stages(prompt, self._config) if after_chars < c < prompt.session_chars}
 
     def open(self, prompt: Prompt, after_chars: int) -> StageKeys:
         """Open a flight for each stage past `after_chars` that nobody else is building."""
@@ -169,9 +173,7 @@ class StagedPrefill:
         cuts: list[tuple[int, int]] = []  # (chars, tokens)
         points: list[int] = []
         if ends is not None:
-            cfg = self._config
-            points = stage_points(prompt.text, prompt.session_chars, min_chars=cfg.first_sight_min_chars,
-                                  min_gap=cfg.min_gap, limit=cfg.stages)
+            points = prompt_stages(prompt, self._config)
             for chars in sorted({*points, *extra_cuts}):
                 n = tokens_at(ends, chars)
                 if n is not None and start_tokens < n < len(tokens) and chars >= self._config.block_chars:

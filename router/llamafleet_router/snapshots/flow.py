@@ -192,7 +192,6 @@ class SnapshotFlow:
             with contextlib.suppress(TimeoutError):
                 limit = min(self.config.first_sight_wait_s, _DETACHED_START_S)
                 await asyncio.wait_for(answering.wait(), limit)
-            self._answering.pop(req.request_id, None)
             started = time.perf_counter()
             outcome = await self.restorer.restore(req.model, req.prompt.blocks, slot.endpoint, slot.slot,
                                                   stage, agents)
@@ -230,19 +229,32 @@ class SnapshotFlow:
             if flight is None:
                 continue
             self.metrics.first_sight.labels("stage_waiter").inc()
-            try:
-                ref = await asyncio.wait_for(asyncio.shield(flight), self.config.first_sight_wait_s)
-            except TimeoutError:
+            built = await self._restore_when_built(req, decision, flight, agents)
+            if built is None:
                 return None
-            if ref is None:
-                return None
-            outcome = await self.restorer.restore(req.model, req.prompt.blocks, decision.endpoint,
-                                                  decision.slot, ref, agents)
-            if not isinstance(outcome, Restored):
+            ref, outcome = built
+            if outcome is None:
                 return None
             return replace(decision, action=Action.RESTORE, snapshot=outcome.snapshot,
                            predicted_blocks=ref.n_blocks, branch="restore_stage_wait"), outcome
         return None
+
+    async def _restore_when_built(
+        self, req: SchedRequest, decision: Decision, flight: asyncio.Future[SnapshotRef | None],
+        agents: dict[str, str],
+    ) -> tuple[SnapshotRef, Restored | None] | None:
+        """Wait (at most `first_sight_wait_s`) for the snapshot another request is building and restore
+        it into the decision's slot: None when nothing was built in time, (ref, None) when the restore
+        failed."""
+        try:
+            ref = await asyncio.wait_for(asyncio.shield(flight), self.config.first_sight_wait_s)
+        except TimeoutError:
+            return None
+        if ref is None:
+            return None
+        outcome = await self.restorer.restore(req.model, req.prompt.blocks, decision.endpoint, decision.slot,
+                                              ref, agents)
+        return ref, outcome if isinstance(outcome, Restored) else None
 
     def request_answering(self, request_id: str) -> None:
         """The gateway's signal that a request answers (its first byte) or ended: a build detached from
@@ -267,15 +279,11 @@ class SnapshotFlow:
         agents: dict[str, str],
     ) -> Decision:
         self.metrics.first_sight.labels("waiter").inc()
-        try:
-            ref = await asyncio.wait_for(asyncio.shield(flight), self.config.first_sight_wait_s)
-        except TimeoutError:
-            ref = None
-        if ref is None:
+        built = await self._restore_when_built(req, decision, flight, agents)
+        if built is None:
             return decision
-        outcome = await self.restorer.restore(req.model, req.prompt.blocks, decision.endpoint, decision.slot,
-                                              ref, agents)
-        if not isinstance(outcome, Restored):
+        ref, outcome = built
+        if outcome is None:
             return replace(decision, action=Action.COMPUTE, snapshot=None, predicted_blocks=0,
                            branch="restore_failed")
         return replace(decision, action=Action.RESTORE, snapshot=outcome.snapshot,
