@@ -39,7 +39,7 @@ from llamafleet_router.scheduling.framework import (
     SchedRequest,
 )
 from llamafleet_router.snapshots import SnapshotConfig, SnapshotFlow, SnapshotMetrics
-from llamafleet_router.snapshots.flow import Borrowed
+from llamafleet_router.snapshots.detached import Borrowed
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,8 @@
      forward with the slot holding it (branch `first_sight`). When step 1 restored a stage snapshot
      and only a short tail is new (a later day: the date line), the build runs instead in another
      idle slot the gateway lends (`borrow`), from the same stage, and the request is forwarded at once
-     (branch `restore_first_sight_detached`); without an idle slot it is built in place.
+     (branch `restore_first_sight_detached`, `detached.DetachedBuilds`); without an idle slot it is
+     built in place.
      Divergence points: when some slot holds only the first k blocks of this session prefix (another
      prompt parted from it there), a snapshot is also saved at the last safe cut at or before block k,
      for the sessions that part there later.
@@ -22,10 +23,9 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 
 import httpx
@@ -37,6 +37,7 @@ from llamafleet_router.discovery.base import PodStatus
 from llamafleet_router.scheduling.framework import ANY_SLOT, Decision, SchedRequest
 from llamafleet_router.snapshots.base import SnapshotConfig, SnapshotMetrics
 from llamafleet_router.snapshots.cuts import divergence_point, held_stage
+from llamafleet_router.snapshots.detached import DETACH_MAX_TAIL_CHARS, BorrowSlot, DetachedBuilds
 from llamafleet_router.snapshots.first_sight import Flights, Prompt, StagedPrefill, StageFlights, StageKeys
 from llamafleet_router.snapshots.restore import Restored, RestoreExecutor
 from llamafleet_router.snapshots.resync import Resync
@@ -45,16 +46,6 @@ log = logging.getLogger(__name__)
 
 _KNOWN_TTL_S = 10.0  # how long "the fleet has a snapshot of this prefix" is trusted without a lookup
 _KNOWN_MAX = 4096
-_DETACHED_START_S = 5.0  # a detached build waits at most this long for its request's first byte
-_RELEASE_S = 5.0  # a detached build gives its borrowed slot back within this, or leaves it to the TTL
-# A detached build computes the tail after the stage again, beside the request that computes it too:
-# worth it for a date line (tens of tokens), not for a long tail, which is built once, in place.
-_DETACH_MAX_TAIL_CHARS = 1024
-
-
-#: A slot lent to a background build (a scheduling decision that holds its lease) and how to give it back.
-Borrowed = tuple[Decision, Callable[[], Awaitable[None]]]
-BorrowSlot = Callable[[SchedRequest], Awaitable[Borrowed | None]]
 
 
 class SnapshotFlow:
@@ -71,12 +62,12 @@ class SnapshotFlow:
         self.resync = Resync(http=http, index=index, config=config, metrics=metrics)
         self.flights = Flights()
         self.stage_flights = StageFlights(self.flights, config)
-        self._tasks = tasks
         self._known: dict[tuple[str, str], float] = {}
         # Set by the gateway: lends an idle slot (leased, counted in flight) to a background build.
         self.borrow: BorrowSlot | None = None
-        self._detached: set[tuple[str, str]] = set()  # flights building in a borrowed slot
-        self._answering: dict[str, asyncio.Event] = {}  # request id -> set when it answers
+        self._detached = DetachedBuilds(
+            config=config, metrics=metrics, tasks=tasks, restorer=self.restorer, staged=self.staged,
+            stage_flights=self.stage_flights, remember=self._remember, finish=self._finish)
 
     async def prepare(self, req: SchedRequest, decision: Decision, pods: Sequence[PodStatus]) -> Decision:
         try:
@@ -130,7 +121,7 @@ class SnapshotFlow:
             if staged is not None:
                 decision, restored = staged
         leader, flight = self.flights.join(key)
-        if not leader and key in self._detached:
+        if not leader and self._detached.running(key):
             return decision  # it restored the same stage: waiting for the build would only delay it
         if not leader:
             return await self._wait(req, decision, flight, agents)
@@ -140,20 +131,16 @@ class SnapshotFlow:
         known = frozenset((s.text_hash, s.n_chars) for s in lookup.snapshots if s != failed)
         base = restored.snapshot if restored is not None else held_stage(
             prompt.text, prompt.session_chars, (decision.predicted_blocks + 1) * self.config.block_chars,
-            [x for x in lookup.snapshots if x != failed], window=_DETACH_MAX_TAIL_CHARS)
+            [x for x in lookup.snapshots if x != failed], window=DETACH_MAX_TAIL_CHARS)
         tail = prompt.session_chars - base.n_chars if base is not None else 0
-        if base is not None and self.borrow is not None and 0 < tail <= _DETACH_MAX_TAIL_CHARS:
+        if base is not None and self.borrow is not None and 0 < tail <= DETACH_MAX_TAIL_CHARS:
             # The slot resumes from a stage (restored, or held since a previous day's session) and only
             # a short tail is new (a later day: the date line). Building the session prefix here would
             # hold the request for a tokenize, a prefill and a save; build it in another slot from the
             # stage's snapshot instead, and forward now.
             borrowed = await self.borrow(req)
             if borrowed is not None:
-                self._detached.add(key)
-                answering = self._answering[req.request_id] = asyncio.Event()
-                self._tasks.spawn(self._build_detached(
-                    req, prompt, key, base, borrowed, agents, extra, known, answering),
-                    name="first-sight-detached")
+                self._detached.start(req, prompt, key, base, borrowed, agents, extra, known)
                 branch = "restore_first_sight_detached" if restored is not None else "first_sight_detached"
                 return replace(decision, branch=branch)
         stages = self.stage_flights.open(prompt, restored.snapshot.n_chars if restored else 0)
@@ -174,44 +161,6 @@ class SnapshotFlow:
                            predicted_blocks=session_blocks, branch="restore_first_sight")
         return replace(decision, action=Action.COMPUTE, snapshot=None, predicted_blocks=session_blocks,
                        branch="first_sight")
-
-    async def _build_detached(
-        self, req: SchedRequest, prompt: Prompt, key: tuple[str, str], stage: SnapshotRef,
-        borrowed: Borrowed, agents: dict[str, str], extra: list[int], known: frozenset[tuple[str, int]],
-        answering: asyncio.Event,
-    ) -> None:
-        """Restore `stage` into the borrowed slot, build the session prefix there, then give it back.
-
-        It starts once the request it was detached from answers (`request_answering`), or after
-        `_DETACHED_START_S` at the latest: on a small pod the build's tokenize and prefill would
-        otherwise compete with that request for the same cores. The flight ends whatever happens."""
-        slot, release = borrowed
-        ref: SnapshotRef | None = None
-        stages: StageKeys = {}
-        try:
-            with contextlib.suppress(TimeoutError):
-                limit = min(self.config.first_sight_wait_s, _DETACHED_START_S)
-                await asyncio.wait_for(answering.wait(), limit)
-            started = time.perf_counter()
-            outcome = await self.restorer.restore(req.model, req.prompt.blocks, slot.endpoint, slot.slot,
-                                                  stage, agents)
-            if isinstance(outcome, Restored):
-                stages = self.stage_flights.open(prompt, outcome.snapshot.n_chars)
-                ref = await self.staged.build(
-                    prompt, slot.endpoint, slot.slot, start_tokens=outcome.n_tokens, extra_cuts=extra,
-                    known=known, on_saved=self.stage_flights.saved(stages))
-            if ref is not None:
-                self._remember(key)
-                self.metrics.first_sight_seconds.observe(time.perf_counter() - started)
-        except Exception:
-            log.exception("detached first-sight build failed")
-        finally:
-            self._answering.pop(req.request_id, None)
-            self._detached.discard(key)
-            self._finish(key, stages, ref)
-            # Bounded: at shutdown the lease store may be gone, and the lease's TTL is the backstop.
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(release(), _RELEASE_S)
 
     def _finish(self, key: tuple[str, str], stages: StageKeys, ref: SnapshotRef | None) -> None:
         self.stage_flights.finish(stages)
@@ -259,9 +208,7 @@ class SnapshotFlow:
     def request_answering(self, request_id: str) -> None:
         """The gateway's signal that a request answers (its first byte) or ended: a build detached from
         it may start now."""
-        event = self._answering.get(request_id)
-        if event is not None:
-            event.set()
+        self._detached.request_answering(request_id)
 
     def _worth_first_sight(self, prompt: Prompt, decision: Decision, restored: Restored | None) -> bool:
         if prompt.session_chars < self.config.first_sight_min_chars:

@@ -1,0 +1,198 @@
+"""The data one scheduling cycle reads, shares and returns: the request, each endpoint's state, the
+per-request CycleState and its keys, the slot candidates, the decision, and the structural collaborators
+the request and the index are typed by.
+
+Kept apart from the plugin contracts (`framework.py`) because far more code reads these types than
+writes plugins: the gateway, the snapshot flow, the hooks and discovery only need the request, the
+endpoint state and the decision. `framework` re-exports every name, so either import works.
+
+Scoring happens at SLOT level: a candidate is one idle slot of one surviving endpoint, keyed by its
+`SlotRef`. llama-server reuses a prefix only inside the slot a request is pinned to, so "which pod" is
+not enough: the pipeline must say which slot. Not every idle slot is a candidate, though: per pod, the
+slots the index lookup names, the slots a `SlotNominator` plugin names (session affinity's last slot),
+and ONE representative of the rest (its lowest idle slot). The rest score exactly like their
+representative for every built-in scorer (nothing is known to be in them), so scoring them would only
+cost time: 32 pods of 32 slots would be 768 candidates instead of about 32 plus the hits.
+
+Collaborators are declared here as minimal Protocols (structural typing) instead of being imported from
+`llamafleet_core.index` or `llamafleet_core.prefix`: the scheduler only needs these few attributes, tests
+can pass tiny fakes, and this module stays importable whatever the concrete classes look like.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, Protocol, TypeVar
+
+from llamafleet_core.types import Action, Endpoint, Lookup, SlotRef, SnapshotRef
+
+T = TypeVar("T")
+
+# `Decision.slot` for "let llama-server choose": a queued request that no slot holds a prefix for gains
+# nothing from being pinned to one busy slot, and -1 is llama-server's own "any slot" value for id_slot.
+ANY_SLOT = -1
+
+
+# ---- collaborators (structural) --------------------------------------------------------------------
+
+
+class PromptLike(Protocol):
+    """What the scheduler needs of `llamafleet_core.prefix.identity.PromptIdentity`."""
+
+    @property
+    def model(self) -> str: ...
+
+    @property
+    def blocks(self) -> tuple[str, ...]: ...  # chained block hashes: block i's hash covers blocks 0..i
+
+    @property
+    def session_blocks(self) -> Sequence[str]: ...  # the blocks of the session prefix (tools + system)
+
+    @property
+    def block_chars(self) -> int: ...
+
+
+class PrefixIndexLike(Protocol):
+    """The read side of `llamafleet_core.index.base.PrefixIndex`; raises when the index is unavailable."""
+
+    async def lookup(self, model: str, blocks: tuple[str, ...], /) -> Lookup: ...
+
+
+class SlotLeasesLike(Protocol):
+    """`llamafleet_core.index.base.SlotLeases`: a slot pinned by one router replica at a time."""
+
+    async def acquire(self, slot: SlotRef, holder: str, ttl_s: float, /) -> bool: ...
+
+    async def release(self, slot: SlotRef, holder: str, /) -> None: ...
+
+
+# ---- per-request data -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SchedRequest:
+    """One request as the scheduler sees it: no headers, no body, only what routing depends on."""
+
+    request_id: str
+    model: str
+    prompt: PromptLike
+    session_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointState:
+    """An endpoint plus its load, as discovery and the router's own in-flight bookkeeping know it.
+
+    `busy_slots` merges the slots the router itself has requests on with what /slots polling reports,
+    so a slot is only offered when neither source thinks it is processing.
+    """
+
+    endpoint: Endpoint
+    busy_slots: frozenset[int] = frozenset()
+    queue_depth: int = 0  # requests waiting on the pod (deferred tasks)
+    in_flight: int = 0
+    healthy: bool = True
+    # Computed once at construction: filters and scorers read it per request, often per candidate.
+    idle_slots: tuple[int, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        busy = self.busy_slots
+        idle = tuple(s for s in range(self.endpoint.n_slots) if s not in busy) if busy else tuple(
+            range(self.endpoint.n_slots))
+        object.__setattr__(self, "idle_slots", idle)
+
+    @property
+    def uid(self) -> str:
+        return self.endpoint.pod.uid
+
+    @property
+    def load(self) -> int:
+        return self.in_flight + self.queue_depth
+
+
+class StateKey(Generic[T]):
+    """A typed key of the CycleState; the type parameter ties writers and readers together for mypy."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"StateKey({self.name!r})"
+
+
+class CycleState:
+    """Per-request key-value store: producers write, scorers read. Lives for one schedule() call."""
+
+    def __init__(self) -> None:
+        self._data: dict[str, Any] = {}
+
+    def write(self, key: StateKey[T], value: T) -> None:
+        self._data[key.name] = value
+
+    def read(self, key: StateKey[T], default: T) -> T:
+        value: T = self._data.get(key.name, default)
+        return value
+
+    def has(self, key: StateKey[Any]) -> bool:
+        return key.name in self._data
+
+
+# Keys with one writer each. Consumers must cope with absence (the default passed to `read`).
+LOOKUP: StateKey[Lookup] = StateKey("lookup")  # written by prefix-lookup
+INDEX_AVAILABLE: StateKey[bool] = StateKey("index_available")  # written by prefix-lookup
+RESTORE_ENABLED: StateKey[bool] = StateKey("restore_enabled")  # written by the scheduler from config
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One (endpoint, slot) the request could be pinned to."""
+
+    state: EndpointState
+    slot: int
+    # Built once: every scorer keys its answer by it, so a property would build it scorers x times.
+    key: SlotRef = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "key", SlotRef(self.state.endpoint.pod.uid, self.slot))
+
+    @property
+    def endpoint(self) -> Endpoint:
+        return self.state.endpoint
+
+
+@dataclass(frozen=True, slots=True)
+class ScoredCandidate:
+    """A candidate with its weighted total and the raw (clamped) score of each scorer, by plugin name."""
+
+    candidate: Candidate
+    total: float
+    scores: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """Where the request goes and what to do first.
+
+    `branch` is the metrics label explaining why (SGLang-style): slot_hit, pod_hit, restore, cold,
+    session_affinity, degraded_hash, queued. `lease_holder` is None when no lease was taken (queued,
+    or the lease store was down).
+    """
+
+    endpoint: Endpoint
+    slot: int
+    action: Action
+    snapshot: SnapshotRef | None
+    predicted_blocks: int
+    branch: str
+    lease_holder: str | None = None
+
+    @property
+    def slot_ref(self) -> SlotRef:
+        return SlotRef(self.endpoint.pod.uid, self.slot)
+
+
+class NoEndpointError(Exception):
+    """No endpoint can take the request (none healthy, none serving the model). The API maps it to 503."""

@@ -1,0 +1,131 @@
+"""The detached first-sight build: a later day's session prefix built in a borrowed slot, off the request.
+
+On a later day a session resumes from a stage snapshot (restored, or still held by the slot from a
+previous day's session) and only a short tail is new: the date line. Building the session prefix in
+the request's own slot would hold that request for a tokenize, a prefill and a save; instead
+`SnapshotFlow` forwards the request at once and hands the build to `DetachedBuilds.start`, in another
+idle slot the gateway lends (`BorrowSlot`: leased and counted in flight like a request's, so no request
+is pinned to it meanwhile).
+
+Why it lives apart from the flow, and its rules:
+- It starts only once the request it was detached from answers (its first byte, or its end:
+  `request_answering`), or after `_DETACHED_START_S` at the latest: on a small pod the build's tokenize
+  and prefill would otherwise compete with that request for the same cores.
+- It restores the stage into the borrowed slot and builds the session prefix there with the same staged
+  prefill and stage single flight as an in-place build.
+- Concurrent sessions that restored the same stage do not wait for it (`running`): they already hold
+  what the build starts from, and waiting would only delay them.
+- The flight ends whatever happens, and the borrowed slot is given back within `_RELEASE_S` (at
+  shutdown the lease store may be gone; the lease's TTL is the backstop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from llamafleet_core.types import SnapshotRef
+from llamafleet_router.background import TaskSet
+from llamafleet_router.scheduling.framework import Decision, SchedRequest
+from llamafleet_router.snapshots.base import SnapshotConfig, SnapshotMetrics
+from llamafleet_router.snapshots.first_sight import Prompt, StagedPrefill, StageFlights, StageKeys
+from llamafleet_router.snapshots.restore import Restored, RestoreExecutor
+
+log = logging.getLogger(__name__)
+
+_DETACHED_START_S = 5.0  # a detached build waits at most this long for its request's first byte
+_RELEASE_S = 5.0  # a detached build gives its borrowed slot back within this, or leaves it to the TTL
+# A detached build computes the tail after the stage again, beside the request that computes it too:
+# worth it for a date line (tens of tokens), not for a long tail, which is built once, in place.
+DETACH_MAX_TAIL_CHARS = 1024
+
+#: A slot lent to a background build (a scheduling decision that holds its lease) and how to give it back.
+Borrowed = tuple[Decision, Callable[[], Awaitable[None]]]
+BorrowSlot = Callable[[SchedRequest], Awaitable[Borrowed | None]]
+FlightKey = tuple[str, str]  # (model, session prefix hash)
+
+
+class DetachedBuilds:
+    """The builds running in borrowed slots, and the requests whose answer they wait for.
+
+    `remember` and `finish` are the flow's: a built snapshot is remembered as known to the fleet, and
+    the session and stage flights end exactly as an in-place build ends them."""
+
+    def __init__(
+        self, *, config: SnapshotConfig, metrics: SnapshotMetrics, tasks: TaskSet, restorer: RestoreExecutor,
+        staged: StagedPrefill, stage_flights: StageFlights, remember: Callable[[FlightKey], None],
+        finish: Callable[[FlightKey, StageKeys, SnapshotRef | None], None],
+    ) -> None:
+        self.config = config
+        self.metrics = metrics
+        self._tasks = tasks
+        self._restorer = restorer
+        self._staged = staged
+        self._stage_flights = stage_flights
+        self._remember = remember
+        self._finish = finish
+        self._detached: set[FlightKey] = set()  # flights building in a borrowed slot
+        self._answering: dict[str, asyncio.Event] = {}  # request id -> set when it answers
+
+    def running(self, key: FlightKey) -> bool:
+        """Whether the flight `key` is being built detached (its waiters need not wait)."""
+        return key in self._detached
+
+    def start(
+        self, req: SchedRequest, prompt: Prompt, key: FlightKey, stage: SnapshotRef, borrowed: Borrowed,
+        agents: dict[str, str], extra: list[int], known: frozenset[tuple[str, int]],
+    ) -> None:
+        """Spawn the build of `key` from `stage` in the borrowed slot; it waits for `req` to answer."""
+        self._detached.add(key)
+        answering = self._answering[req.request_id] = asyncio.Event()
+        self._tasks.spawn(self._build_detached(
+            req, prompt, key, stage, borrowed, agents, extra, known, answering),
+            name="first-sight-detached")
+
+    def request_answering(self, request_id: str) -> None:
+        """The gateway's signal that a request answers (its first byte) or ended: a build detached from
+        it may start now."""
+        event = self._answering.get(request_id)
+        if event is not None:
+            event.set()
+
+    async def _build_detached(
+        self, req: SchedRequest, prompt: Prompt, key: FlightKey, stage: SnapshotRef,
+        borrowed: Borrowed, agents: dict[str, str], extra: list[int], known: frozenset[tuple[str, int]],
+        answering: asyncio.Event,
+    ) -> None:
+        """Restore `stage` into the borrowed slot, build the session prefix there, then give it back.
+
+        It starts once the request it was detached from answers (`request_answering`), or after
+        `_DETACHED_START_S` at the latest: on a small pod the build's tokenize and prefill would
+        otherwise compete with that request for the same cores. The flight ends whatever happens."""
+        slot, release = borrowed
+        ref: SnapshotRef | None = None
+        stages: StageKeys = {}
+        try:
+            with contextlib.suppress(TimeoutError):
+                limit = min(self.config.first_sight_wait_s, _DETACHED_START_S)
+                await asyncio.wait_for(answering.wait(), limit)
+            started = time.perf_counter()
+            outcome = await self._restorer.restore(req.model, req.prompt.blocks, slot.endpoint, slot.slot,
+                                                   stage, agents)
+            if isinstance(outcome, Restored):
+                stages = self._stage_flights.open(prompt, outcome.snapshot.n_chars)
+                ref = await self._staged.build(
+                    prompt, slot.endpoint, slot.slot, start_tokens=outcome.n_tokens, extra_cuts=extra,
+                    known=known, on_saved=self._stage_flights.saved(stages))
+            if ref is not None:
+                self._remember(key)
+                self.metrics.first_sight_seconds.observe(time.perf_counter() - started)
+        except Exception:
+            log.exception("detached first-sight build failed")
+        finally:
+            self._answering.pop(req.request_id, None)
+            self._detached.discard(key)
+            self._finish(key, stages, ref)
+            # Bounded: at shutdown the lease store may be gone, and the lease's TTL is the backstop.
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(release(), _RELEASE_S)
