@@ -18,33 +18,29 @@ Starlette's `BackgroundTask` is not used: it does not run on disconnect.
 
 Two upstream clients: the app's own `GatewayClient` carries an aiohttp session, which the proxy uses
 (see upstream.py for why); any other `httpx.AsyncClient` (tests inject one over a MockTransport) is
-used as is. Both feed the same relay.
+used as is. Both feed the same relay (relay.py: the streaming half).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import TypeVar
 
 import aiohttp
 import httpx
-from starlette.responses import Response, StreamingResponse
-from starlette.types import Receive, Scope, Send
+from starlette.responses import Response
 
-from llamafleet_router.errors import SERVER, ApiError, sse_error_event
+from llamafleet_router.errors import SERVER, ApiError
 from llamafleet_router.hooks import Outcome
-from llamafleet_router.sse import SSETap, stats_from_body
+from llamafleet_router.relay import OnFinish, OnFirstByte, RelayResponse, head_of_stream, prepend, relay
+from llamafleet_router.sse import stats_from_body
 from llamafleet_router.upstream import GatewayClient
 
-log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-OnFinish = Callable[[Outcome, Callable[[], Awaitable[None]]], None]
-OnFirstByte = Callable[[float], None]
 
 # Hop-by-hop headers (RFC 9110 7.6.1) and those Starlette recomputes.
 _DROP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
@@ -58,69 +54,6 @@ class PodUnreachable(Exception):
 def response_headers(upstream: Iterable[tuple[str, str]]) -> dict[str, str]:
     """The upstream's headers minus hop-by-hop ones (items of httpx or aiohttp headers)."""
     return {k: v for k, v in upstream if k.lower() not in _DROP}
-
-
-class RelayResponse(StreamingResponse):
-    """A streamed response without Starlette's per-response task group and send wrappers.
-
-    The relay loop sends each chunk as it arrives; one small task waits for the client's disconnect and
-    cancels the relay, whose `finally` then reports the disconnect at once (so the slot is freed and the
-    upstream connection closed, which stops the generation). The body iterator is always closed, so the
-    relay's `finally` never waits for the garbage collector."""
-
-    def __init__(self, *args: Any, give_up: asyncio.Event | None = None, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.give_up = give_up  # set when discovery marks the pod down (hung): end the stream
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        relay = asyncio.current_task()
-        streaming = True
-        gone = False
-        abandoned = False
-
-        async def watch() -> None:
-            nonlocal gone
-            while True:
-                message = await receive()
-                if message["type"] == "http.disconnect":
-                    break
-            if streaming and relay is not None:
-                gone = True
-                relay.cancel()
-
-        async def abandon(event: asyncio.Event) -> None:
-            # A pod that hangs mid-stream would hold the client until it wakes: end the stream with an
-            # SSE error event instead, as for a pod that dies.
-            nonlocal abandoned
-            await event.wait()
-            if streaming and relay is not None:
-                abandoned = True
-                relay.cancel()
-
-        watcher = asyncio.create_task(watch())
-        hang_watch = asyncio.create_task(abandon(self.give_up)) if self.give_up is not None else None
-        try:
-            start = {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
-            await send(start)
-            async for chunk in self.body_iterator:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            streaming = False
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-        except asyncio.CancelledError:
-            if not (gone or abandoned) or relay is None:
-                raise
-            relay.uncancel()  # our own cancel: the client left, or the pod hangs
-            if abandoned and not gone:
-                event = sse_error_event("The upstream server stopped answering mid-stream.")
-                await send({"type": "http.response.body", "body": event, "more_body": False})
-        finally:
-            streaming = False
-            watcher.cancel()
-            if hang_watch is not None:
-                hang_watch.cancel()
-            aclose = getattr(self.body_iterator, "aclose", None)
-            if aclose is not None:
-                await aclose()
 
 
 async def forward(
@@ -185,7 +118,7 @@ async def _forward_aiohttp(
                                       upstream.headers.items(), started, on_finish, on_first_byte,
                                       extra_headers)
     return RelayResponse(
-        relay(_prepend(head, upstream.content.iter_any()), status, close, aiohttp.ClientError, started,
+        relay(prepend(head, upstream.content.iter_any()), status, close, aiohttp.ClientError, started,
               on_finish, on_first_byte),
         status_code=status,
         headers={**response_headers(upstream.headers.items()), **(extra_headers or {})},
@@ -227,7 +160,7 @@ async def _open(
             "text/event-stream"):
         return upstream, None
     try:
-        return upstream, await _head(upstream)
+        return upstream, await head_of_stream(upstream)
     except (aiohttp.ClientError, TimeoutError) as exc:
         upstream.close()
         raise PodUnreachable(f"failed before its first byte: {type(exc).__name__}: {exc}") from exc
@@ -256,31 +189,6 @@ async def unless_gone(give_up: asyncio.Event | None, work: Awaitable[T]) -> T:
     with contextlib.suppress(asyncio.CancelledError, Exception):
         await task
     raise PodUnreachable("the pod was marked down (hung or gone) before it answered")
-
-
-# Bytes that show a stream has really started answering (generated text, a tool call, the end, or an
-# error); llama-server may send a role-only chunk before it has computed the prompt.
-_ANSWERING = (b'"content":"', b'"text":"', b'"reasoning_content":"', b'"tool_calls"', b"[DONE]",
-              b'"content_block_delta"', b'"error"', b'"timings"')
-_HEAD_LIMIT = 64 * 1024
-
-
-async def _head(upstream: aiohttp.ClientResponse) -> bytes:
-    """The stream's first chunks, up to the first one that answers: held back so that a pod dying
-    during its prefill fails before the client saw anything, and the request can move."""
-    head = bytearray()
-    async for chunk in upstream.content.iter_any():
-        head += chunk
-        if len(head) > _HEAD_LIMIT or any(mark in head for mark in _ANSWERING):
-            break
-    return bytes(head)
-
-
-async def _prepend(head: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    if head:
-        yield head
-    async for chunk in rest:
-        yield chunk
 
 
 async def _noop() -> None:
@@ -343,70 +251,3 @@ def _served_slot(content: bytes) -> int | None:
         return None
     digits = content[marker + 10 : marker + 16].split(b",")[0].split(b"}")[0].strip()
     return int(digits) if digits.lstrip(b"-").isdigit() else None
-
-
-async def relay(
-    chunks: AsyncIterator[bytes],
-    status: int,
-    close: Callable[[], Awaitable[None]],
-    errors: type[Exception] | tuple[type[Exception], ...],
-    started: float,
-    on_finish: OnFinish,
-    on_first_byte: OnFirstByte | None,
-) -> AsyncIterator[bytes]:
-    """Yield the upstream's body chunks unchanged while a tap reads them; report the end exactly once.
-
-    `errors` are the upstream client's failures: one midway ends the stream with an SSE error event."""
-    tap = SSETap()
-    first = True
-    completed = False
-    error: str | None = None
-    finished = False
-    # Set once this relay has stopped reading upstream: only then may the upstream response be closed
-    # (closing it under a running read would break the relay's last read).
-    drained = asyncio.Event()
-
-    async def close_when_drained() -> None:
-        await drained.wait()
-        await close()
-
-    def finish() -> None:
-        nonlocal finished
-        if finished:
-            return
-        finished = True
-        on_finish(
-            Outcome(
-                status=status,
-                stats=tap.stats if completed else None,
-                completed=completed,
-                disconnected=not completed and error is None,
-                error=error,
-            ),
-            close_when_drained,
-        )
-
-    try:
-        try:
-            async for chunk in chunks:
-                if first and on_first_byte is not None:
-                    on_first_byte(time.perf_counter() - started)
-                first = False
-                tap.feed(chunk)
-                if tap.finished and not completed:
-                    # Give the slot back BEFORE the client can see the end of the stream: an agent
-                    # sends its next turn at once, and it must find its slot idle, not still ours.
-                    tap.close()
-                    completed = True
-                    finish()
-                yield chunk
-            tap.close()
-            completed = True
-        except errors as exc:
-            if not completed:
-                error = f"{type(exc).__name__}: {exc}"
-                log.warning("upstream stream failed midway", extra={"error": error})
-                yield sse_error_event(f"The upstream server failed midway: {type(exc).__name__}")
-    finally:
-        drained.set()
-        finish()  # a no-op when the terminal event already finished it

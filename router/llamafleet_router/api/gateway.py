@@ -19,7 +19,7 @@ from starlette.responses import Response
 
 from llamafleet_core.index.base import IndexUnavailable
 from llamafleet_core.types import Action
-from llamafleet_router.api.parse import ParsedRequest, Route, parse_request, upstream_body
+from llamafleet_router.api.parse import ParsedRequest, Route, parse_request, read_body, upstream_body
 from llamafleet_router.auth import ANONYMOUS, ApiKeys, authenticate
 from llamafleet_router.background import IndexHealth, TaskSet
 from llamafleet_router.discovery.base import Discovery
@@ -42,27 +42,6 @@ from llamafleet_router.snapshots import SnapshotConfig, SnapshotFlow, SnapshotMe
 from llamafleet_router.snapshots.detached import Borrowed
 
 log = logging.getLogger(__name__)
-
-
-async def read_body(request: Request, limit: int) -> bytes:
-    """The body, refusing more than `limit` bytes by Content-Length AND by counting (chunked bodies)."""
-    declared = request.headers.get("content-length")
-    if declared is not None:
-        if not declared.strip().isdigit():
-            raise ApiError(400, "Invalid Content-Length header.", code="invalid_request")
-        if int(declared) > limit:
-            raise _too_large(limit)
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise _too_large(limit)
-    return bytes(body)
-
-
-def _too_large(limit: int) -> ApiError:
-    return ApiError(413, f"The request body is larger than the {limit} bytes this gateway accepts.",
-                    code="request_too_large")
 
 
 def decision_headers(decision: Decision) -> dict[str, str]:

@@ -2,7 +2,8 @@
 
 Only what the router itself relies on is checked (the body is an object; `model` is a string; `stream`
 is a boolean; the prompt fields exist with the right shape). Everything else is llama-server's business
-and its own 4xx answers are passed through.
+and its own 4xx answers are passed through. `read_body` comes first: it refuses an oversized body (413)
+by its Content-Length and, for chunked bodies, by counting, before any of it is parsed.
 """
 
 from __future__ import annotations
@@ -10,11 +11,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from llamafleet_router.errors import bad_request
+from llamafleet_router.errors import ApiError, bad_request
+
+if TYPE_CHECKING:
+    from starlette.requests import Request
 
 
 class Route(StrEnum):
@@ -154,3 +158,23 @@ def upstream_body(body: dict[str, Any], slot: int) -> bytes:
     except TypeError:  # an integer past 64 bits: the standard encoder writes it as is
         return json.dumps(forwarded, ensure_ascii=False, separators=(",", ":")).encode()
 
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body, refusing more than `limit` bytes by Content-Length AND by counting (chunked bodies)."""
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not declared.strip().isdigit():
+            raise ApiError(400, "Invalid Content-Length header.", code="invalid_request")
+        if int(declared) > limit:
+            raise _too_large(limit)
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise _too_large(limit)
+    return bytes(body)
+
+
+def _too_large(limit: int) -> ApiError:
+    return ApiError(413, f"The request body is larger than the {limit} bytes this gateway accepts.",
+                    code="request_too_large")

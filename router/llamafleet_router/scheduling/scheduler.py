@@ -1,7 +1,7 @@
 """The scheduler: runs one profile per request and returns a leased `Decision`.
 
     producers (I/O, once) -> filters (in order) -> slot candidates (per surviving pod: the idle slots
-      the lookup or a plugin names, plus one representative idle slot; see framework.py)
+      the lookup or a plugin names, plus one representative idle slot; see data.py)
       -> weighted scorers (each clamped to [0, 1], times its weight, summed) -> picker (ranked list)
       -> lease the best slot whose lease is free -> action choice (decide.py) -> Decision
 
