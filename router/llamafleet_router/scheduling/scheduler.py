@@ -24,7 +24,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from typing import TypeVar
 
 from llamafleet_core.types import Action, Lookup, SlotRef
 from llamafleet_router.scheduling.candidates import Groups, candidates, slot_groups, with_spares
@@ -54,11 +53,11 @@ from llamafleet_router.scheduling.framework import (
     Scorer,
     SlotLeasesLike,
     SlotNominator,
-    clamp01,
 )
 from llamafleet_router.scheduling.lookup_view import pod_best_slot
 from llamafleet_router.scheduling.plugins.scorers.session_affinity import SessionAffinityScorer
 from llamafleet_router.scheduling.registry import Registry, register_builtin_plugins
+from llamafleet_router.scheduling.weighing import weigh_candidates
 
 log = logging.getLogger(__name__)
 
@@ -182,17 +181,7 @@ class Scheduler:
                 else:
                     zero[scorer.name] = 0.0
             self._report("scorer", scorer.type_name, scorer.name, started)
-        per_pod: dict[str, tuple[float, dict[str, float]]] = {}
-        scored = []
-        for c in candidates:
-            key = c.key
-            base = per_pod.get(key.pod_uid)
-            if base is None:
-                base = per_pod[key.pod_uid] = _weigh(pod_level, key.pod_uid, 0.0, dict(zero))
-            total, per = base[0], dict(base[1])
-            if slot_level:
-                total, per = _weigh(slot_level, key, total, per)
-            scored.append(ScoredCandidate(c, total, per))
+        scored = weigh_candidates(candidates, pod_level, slot_level, zero)
         started = clock()
         ranked = self.picker.pick(req, state, scored)
         self._report("picker", self.picker.type_name, self.picker.name, started)
@@ -301,17 +290,3 @@ class Scheduler:
 
 
 _EMPTY = Lookup()
-K = TypeVar("K")
-
-
-def _weigh(
-    answers: Sequence[tuple[str, float, Mapping[K, float]]], key: K, total: float, per: dict[str, float]
-) -> tuple[float, dict[str, float]]:
-    """Add each scorer's clamped score of `key` to `per` and its weighted value to `total`."""
-    for name, weight, scores in answers:
-        value = scores.get(key, 0.0)
-        if not 0.0 <= value <= 1.0:  # out of range or NaN
-            value = clamp01(value)
-        per[name] = value
-        total += weight * value
-    return total, per
