@@ -95,6 +95,9 @@ def build_scheduler(
     from llamafleet_router.scheduling.scheduler import Scheduler
 
     config = load_config_file(settings.config_file) if settings.config_file else default_config()
+    if settings.min_batch_tokens is not None:
+        decision = config.decision.model_copy(update={"min_batch_tokens": settings.min_batch_tokens})
+        config = config.model_copy(update={"decision": decision})
     return Scheduler(
         config, index=index, leases=leases, holder_prefix=leases.replica,
         metrics_hook=metrics.scheduler_hook,

@@ -70,3 +70,25 @@ def test_resolve_detects_once_and_says_what_it_found(tmp_path: Path) -> None:
     sharing = "\n  prefixSharing: {attach: 'off', cachePrefix: 'off'}"
     off = text.replace("kvUnified: true", "kvUnified: true" + sharing)
     assert resolve(load_fleet(write(tmp_path, off)), said.append).features is None  # nothing to detect
+
+
+def test_gateway_cliff_follows_the_binarys_device_list_and_stays_unset_when_unknown(tmp_path: Path) -> None:
+    """`llamafleet up` runs `--list-devices`: no GPU gives the CPU cliff, a GPU turns it off, and a binary
+    whose output is not a device list leaves the pipeline's own value (None)."""
+    from llamafleet_core.devices import CPU_MIN_BATCH_TOKENS
+    from llamafleet_local.up.resolve import server_min_batch_tokens
+
+    def binary(name: str, output: str) -> Path:
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "out.txt").write_text(output)
+        path = folder / "llama-server"
+        path.write_text(f'#!/bin/sh\n[ "$1" = --list-devices ] && exec cat "{folder / "out.txt"}"\nexit 1\n')
+        path.chmod(path.stat().st_mode | stat.S_IXUSR)
+        return path
+
+    assert server_min_batch_tokens(binary("cpu", "Available devices:\n  (none)\n")) == CPU_MIN_BATCH_TOKENS
+    gpu = "Available devices:\n  CUDA0: NVIDIA L4 (22478 MiB, 22200 MiB free)\n"
+    assert server_min_batch_tokens(binary("gpu", gpu)) == 0
+    assert server_min_batch_tokens(binary("old", "error: unknown argument\n")) is None
+    assert server_min_batch_tokens(tmp_path / "missing") is None

@@ -76,15 +76,17 @@ def detach_log(handler: logging.Handler) -> None:
 
 
 def build_app(pods: Sequence[tuple[str, str]], index: Index, readiness: Readiness, *, model_name: str,
-              agent_token: str, poll_interval: float = 0.5, attach: bool = False) -> Starlette:
+              agent_token: str, poll_interval: float = 0.5, attach: bool = False,
+              min_batch_tokens: int | None = None) -> Starlette:
     """The router app over `(llama_url, agent_url)` pods, exactly as `llamafleet router` builds it,
     with the agents' token, so restore-on-miss and first-sight snapshots are on. `attach`: the pods run
-    llama-server with --slot-attach (static pods say so with a third field)."""
+    llama-server with --slot-attach (static pods say so with a third field). `min_batch_tokens`: the
+    prefill cost model's small-batch cliff for the pods' build (None: the pipeline's default)."""
     flag = "|attach" if attach else ""
     settings = RouterSettings(
         pods=[f"{url}|{agent}{flag}" for url, agent in pods], redis_url=index.redis_url,
         index="redis" if index.redis_url else "memory", poll_interval=poll_interval, model_name=model_name,
-        agent_token=SecretStr(agent_token),
+        agent_token=SecretStr(agent_token), min_batch_tokens=min_batch_tokens,
     )
 
     def discovery(http: httpx.AsyncClient, fence: FenceHook) -> Discovery:

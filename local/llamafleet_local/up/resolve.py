@@ -14,6 +14,7 @@ from pathlib import Path
 
 from llamafleet_core import podspec
 from llamafleet_core.crd.fleet import LlamaFleetSpec
+from llamafleet_core.devices import min_batch_tokens, parse_devices
 from llamafleet_core.features import ServerFeatures, parse_help, summary
 from llamafleet_local.tinymodels import MODEL_NAMES, ensure_model
 from llamafleet_local.up.config import FleetConfig
@@ -26,6 +27,7 @@ class Resolved:
     chat_template: Path | None
     spec: LlamaFleetSpec  # the effective spec the pods run (local threads and template folded in)
     features: ServerFeatures | None = None  # None: unknown, so `auto` flags stay off
+    min_batch_tokens: int | None = None  # the gateway's prefill cliff for this build (devices.py)
 
 
 def server_features(binary: Path, timeout: float = 30.0) -> ServerFeatures | None:
@@ -38,6 +40,17 @@ def server_features(binary: Path, timeout: float = 30.0) -> ServerFeatures | Non
     except (OSError, subprocess.TimeoutExpired):
         return None
     return parse_help(done.stdout + "\n" + done.stderr)
+
+
+def server_min_batch_tokens(binary: Path, timeout: float = 30.0) -> int | None:
+    """`<binary> --list-devices`, as the gateway's `min_batch_tokens`: the CPU cliff when the build sees
+    no GPU, 0 with one, None when it cannot tell (the pipeline's own value then stands)."""
+    try:
+        done = subprocess.run([str(binary), "--list-devices"], capture_output=True, text=True,
+                              timeout=timeout, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return min_batch_tokens(parse_devices(done.stdout + "\n" + done.stderr))
 
 
 def resolve(config: FleetConfig, say: Callable[[str], None]) -> Resolved:
@@ -57,4 +70,7 @@ def resolve(config: FleetConfig, say: Callable[[str], None]) -> Resolved:
     features = server_features(binary) if podspec.detects_features(spec) else None
     if podspec.detects_features(spec):
         say(f"llama-server prefix-sharing flags: {summary(features)}")
-    return Resolved(binary, model, template, spec, features)
+    min_batch = server_min_batch_tokens(binary)
+    if min_batch:
+        say(f"llama-server has no GPU device: the gateway weighs prefills under {min_batch} tokens as slow")
+    return Resolved(binary, model, template, spec, features, min_batch)

@@ -148,8 +148,9 @@ class LocalFleet:
         self._log_handler = gw.log_to_file(self.run_dir / "gateway.log")
         pods = [(p.layout.llama_url, p.layout.agent_url) for p in self.pods]
         attach = self.resolved is not None and pod_attach(self.resolved.spec, self.resolved.features)
+        min_batch = self.resolved.min_batch_tokens if self.resolved is not None else None
         self.app = gw.build_app(pods, self.index, self.readiness, model_name=self.model,
-                                agent_token=self.agent_token, attach=attach)
+                                agent_token=self.agent_token, attach=attach, min_batch_tokens=min_batch)
         self.gateway_url = await self._stack.enter_async_context(gw.serve(self.app, sock))
         self.reporter.say(f"gateway {self.gateway_url} (503 on /health until every pod is up and warm)")
 

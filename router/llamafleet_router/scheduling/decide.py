@@ -19,7 +19,19 @@ computing slightly; that errs on the side of not moving files around):
 
     restore_s = size_bytes / restore_bytes_per_s + restore_overhead_s
                 (+ size_bytes / transfer_bytes_per_s + transfer_overhead_s when on another pod)
-    compute_s(blocks) = blocks * block_chars / chars_per_token / prefill_tokens_per_s
+    compute_s(tokens) = tokens / prefill_tokens_per_s
+                        (tokens / small_batch_tokens_per_s when 0 < tokens < min_batch_tokens)
+
+and a restore wins when `restore_s + compute_s(tokens left after the snapshot)` beats
+`compute_s(tokens left after what the slot holds)`. With `min_batch_tokens` 0 (the default) that is
+exactly "the blocks the snapshot adds take longer to compute than the restore takes".
+
+Why a small-batch rate: on llama.cpp's CPU backend a prompt batch of fewer than 64 new tokens takes the
+per-row attention kernel, at about decoding speed (`llamafleet_core.devices` has the figures: at 14K
+tokens of context 16 new tokens take 190 ms and 64 take 63 ms). So on a CPU fleet a restore that leaves
+140 tokens to compute beats one that leaves 20. The rule applies to attention-only pods (see
+`best_restore` for why not hybrids). GPU backends have no such cliff: keep 0 there. `llamafleet up`
+sets `devices.CPU_MIN_BATCH_TOKENS` when its llama-server lists no GPU device.
 
 Defaults come from reference measurements: a 14K-token prefix is a ~3.6 MiB file restored in ~5 ms,
 while a cold prefill of it takes seconds on CPU and hundreds of ms on a GPU.
@@ -55,6 +67,8 @@ class ActionCosts(BaseModel):
     restore_overhead_s: float = Field(default=0.01, ge=0)
     transfer_bytes_per_s: float = Field(default=100e6, gt=0)  # agent-to-agent pull
     transfer_overhead_s: float = Field(default=0.05, ge=0)
+    min_batch_tokens: int = Field(default=0, ge=0)  # below it, prefill runs at the small-batch rate
+    small_batch_tokens_per_s: float = Field(default=100.0, gt=0)  # ~decode speed (per-row kernel)
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +82,28 @@ class ActionChoice:
 def compute_seconds(blocks: float, block_chars: int, costs: ActionCosts) -> float:
     """Estimated prefill time of `blocks` prompt blocks (fractional: a snapshot's exact text may end
     inside a block)."""
-    tokens = max(blocks, 0) * block_chars / costs.chars_per_token
+    return prefill_seconds(max(blocks, 0) * block_chars / costs.chars_per_token, costs)
+
+
+# Token counts here are estimates from characters (`chars_per_token`). The text right before and after
+# a session prefix's end (a date line, chat markup, a short question) runs up to ~4.8 characters per
+# token, so an estimate must clear the cliff by this factor before a batch counts as full: a stage
+# estimated at 68 tokens left 63 real ones in a measured run, and paid the small-batch rate.
+_CLIFF_MARGIN = 1.2
+
+
+def small_batch(tokens: float, costs: ActionCosts, cliff: bool = True) -> bool:
+    """Whether `tokens` (estimated, > 0) new tokens would run below the cliff (`cliff`: the pod has one)."""
+    return cliff and 0 < tokens < costs.min_batch_tokens * _CLIFF_MARGIN
+
+
+def prefill_seconds(tokens: float, costs: ActionCosts, cliff: bool = True) -> float:
+    """Estimated time to compute `tokens` (estimated) new prompt tokens in one request (see the module
+    docstring for the small-batch rate; `cliff` False: the linear rate whatever the batch)."""
+    if tokens <= 0:
+        return 0.0
+    if small_batch(tokens, costs, cliff):
+        return tokens / costs.small_batch_tokens_per_s
     return tokens / costs.prefill_tokens_per_s
 
 
@@ -103,23 +138,43 @@ def usable_snapshots(
 def best_restore(
     prompt: PromptLike, endpoint: Endpoint, held: int, lookup: Lookup, costs: ActionCosts
 ) -> SnapshotRef | None:
-    """The snapshot whose restore saves the most time over computing from `held`, or None if none pays."""
+    """The snapshot after whose restore the prompt is ready soonest, if that beats computing from the
+    `held` blocks the slot gives; None otherwise.
+
+    Only snapshots covering more than `held` are weighed, unless computing from `held` would run at
+    the small-batch rate: then an earlier snapshot that leaves a full batch to compute may be faster
+    (a session's own slot holding all but its last 20 tokens, on a CPU pod)."""
     best: SnapshotRef | None = None
-    best_saving = 0.0
     total = len(prompt.blocks)
+    block_chars = prompt.block_chars
+    text = getattr(prompt, "text", None)
+    prompt_chars = len(text) if isinstance(text, str) else total * block_chars
+
+    # The cliff is an attention-only pod's: a hybrid's server splits a batch into equal per-session
+    # parts and splits off its checkpoint tail, so beside another session's batch a restored tail rarely
+    # runs tiled (measured: 141 tokens beside 65 took 434 ms, 68 tokens 773 ms), while its per-row cost
+    # is lower (fewer attention layers: 20 tokens ~120 ms). The linear model fits it better.
+    cliff = endpoint.resume_anywhere
+
+    def after(chars: float) -> float:  # seconds to compute the prompt from `chars` on
+        return prefill_seconds(max(prompt_chars - chars, 0) / costs.chars_per_token, costs, cliff)
+
+    best_time = after(held * block_chars)
+    small_left = small_batch((prompt_chars - held * block_chars) / costs.chars_per_token, costs, cliff)
     for snap, remote in usable_snapshots(prompt, endpoint, lookup):
-        if min(snap.n_blocks, total) <= held:
+        if min(snap.n_blocks, total) <= held and not small_left:
             continue
-        # In blocks, but counting the snapshot's exact text past its last whole block: of two snapshots
-        # ending in the same block, the longer saves more (the session prefix beats a stage just before).
-        covered = snap.n_chars / prompt.block_chars if snap.n_chars and snap.text_hash else snap.n_blocks
-        gained = covered - held
-        saving = compute_seconds(gained, prompt.block_chars, costs) - restore_seconds(snap, remote, costs)
+        # The snapshot's exact text past its last whole block counts: of two snapshots ending in the
+        # same block, the longer leaves less to compute (the session prefix beats a stage just before).
+        covered = snap.n_chars if snap.n_chars and snap.text_hash else snap.n_blocks * block_chars
+        if covered <= 0:
+            continue
+        seconds = restore_seconds(snap, remote, costs) + after(covered)
         # Ties: prefer the local one, then the larger, then by name, so replicas agree.
-        if saving > best_saving or (
-            best is not None and saving == best_saving and _prefer(snap, best, endpoint.pod.uid)
+        if seconds < best_time or (
+            best is not None and seconds == best_time and _prefer(snap, best, endpoint.pod.uid)
         ):
-            best, best_saving = snap, saving
+            best, best_time = snap, seconds
     return best
 
 

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
+from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
 
 from llamafleet_router.scheduling.config import DEFAULT_CONFIG, default_config, load_config
@@ -104,3 +107,23 @@ def test_registering_a_type_twice_is_an_error() -> None:
     registry = register_builtin_plugins()
     with pytest.raises(ValueError, match="already registered"):
         register_builtin_plugins(registry)
+
+
+def test_settings_override_the_pipelines_small_batch_cliff_when_given(tmp_path: Path) -> None:
+    """`min_batch_tokens` in the router's settings (what `llamafleet up` derives from the binary's
+    devices) wins over the pipeline file's `decision:`, and leaves every other decision field alone."""
+    from llamafleet_core.index import InMemoryPrefixIndex, InMemorySlotLeases
+    from llamafleet_router.app import build_scheduler
+    from llamafleet_router.leases import ReplicaLeases
+    from llamafleet_router.metrics import RouterMetrics
+    from llamafleet_router.settings import RouterSettings
+
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(yaml.safe_dump({**DEFAULT_CONFIG, "decision": {"prefill_tokens_per_s": 500}}))
+    leases = ReplicaLeases(InMemorySlotLeases(), "r")
+    metrics = RouterMetrics(CollectorRegistry())
+    for override, expected in ((68, 68), (None, 0)):
+        settings = RouterSettings(config_file=path, min_batch_tokens=override)
+        sched = build_scheduler(settings, InMemoryPrefixIndex(), leases, metrics)
+        decision = sched.config.decision  # type: ignore[attr-defined]
+        assert (decision.min_batch_tokens, decision.prefill_tokens_per_s) == (expected, 500)

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
-from llamafleet_core.types import Action, Lookup
-from llamafleet_router.scheduling.decide import ActionCosts, choose_action, compute_seconds, restore_seconds
+from llamafleet_core.types import Action, Lookup, SnapshotRef
+from llamafleet_router.scheduling.decide import (
+    ActionCosts,
+    choose_action,
+    compute_seconds,
+    prefill_seconds,
+    restore_seconds,
+)
 
 from .fakes import endpoint, request, slot, snapshot
 
@@ -106,3 +112,51 @@ def test_hybrid_slot_short_of_its_checkpoint_gap_counts_nothing_and_computes() -
     lookup = Lookup(slots={slot("b", 1): 5})
     choice = choose_action(prompt, endpoint("b", resume_anywhere=False), 1, lookup, ActionCosts())
     assert (choice.action, choice.predicted_blocks, choice.branch) == (Action.COMPUTE, 0, "cold")
+
+
+def _exact(name: str, on: str, n_chars: int) -> SnapshotRef:
+    """A snapshot of the prompt's first `n_chars` characters (exact text known, as first sight saves)."""
+    return SnapshotRef(name=name, pod_uid=f"uid-{on}", n_blocks=n_chars // 256, n_tokens=n_chars // 4,
+                       size_bytes=4_000_000, n_chars=n_chars, text_hash=f"h-{name}")
+
+
+CPU = ActionCosts(min_batch_tokens=64)
+
+
+def test_prefill_seconds_runs_at_the_small_batch_rate_below_the_cliff_only() -> None:
+    assert prefill_seconds(0, CPU) == 0.0
+    assert prefill_seconds(20, CPU) == 20 / CPU.small_batch_tokens_per_s
+    # Estimates (from characters) must clear the cliff by a margin: 68 estimated may be 63 real tokens.
+    assert prefill_seconds(68, CPU) == 68 / CPU.small_batch_tokens_per_s
+    assert prefill_seconds(77, CPU) == 77 / CPU.prefill_tokens_per_s
+    assert prefill_seconds(20, ActionCosts()) == 20 / ActionCosts().prefill_tokens_per_s  # rule off
+
+
+def test_cpu_pod_restores_the_stage_that_leaves_a_full_batch_rather_than_the_closest_snapshot() -> None:
+    """The prompt is 10,240 characters. The session-end snapshot leaves 20 tokens, which a CPU pod
+    computes at decoding speed (~200 ms); a stage 140 tokens earlier leaves a batch the tiled kernel
+    takes in ~70 ms. With the rule off (a GPU pod), the closest snapshot wins as before."""
+    lookup = Lookup(snapshots=(_exact("end", "b", 10_160), _exact("stage", "b", 9_680)))
+    cpu = choose_action(PROMPT, endpoint("b"), 1, lookup, CPU)
+    assert cpu.action is Action.RESTORE and cpu.snapshot is not None and cpu.snapshot.name == "stage"
+    gpu = choose_action(PROMPT, endpoint("b"), 1, lookup, ActionCosts())
+    assert gpu.action is Action.RESTORE and gpu.snapshot is not None and gpu.snapshot.name == "end"
+
+
+def test_cpu_slot_holding_all_but_a_small_batch_restores_an_earlier_snapshot_when_that_is_faster() -> None:
+    """The slot holds 39 of 40 blocks: 64 tokens are left, a small batch (0.64 s at 100 tokens/s). A
+    local snapshot 10 blocks back leaves 640 tokens, 0.32 s at 2,000 tokens/s plus a restore: faster.
+    With the rule off the slot is used directly, as an earlier snapshot never beats it then."""
+    lookup = Lookup(slots={slot("b", 1): 39}, snapshots=(snapshot("head", "b", 30),))
+    cpu = choose_action(PROMPT, endpoint("b"), 1, lookup, CPU)
+    assert cpu.action is Action.RESTORE and cpu.snapshot is not None and cpu.snapshot.name == "head"
+    gpu = choose_action(PROMPT, endpoint("b"), 1, lookup, ActionCosts())
+    assert (gpu.action, gpu.branch) == (Action.DIRECT, "slot_hit")
+
+
+def test_hybrid_pod_keeps_the_linear_model_and_restores_the_closest_snapshot() -> None:
+    """A checkpoint-resuming (hybrid) pod splits batches per session, so the cliff does not describe it:
+    with the rule on, it still restores the snapshot that leaves the fewest tokens."""
+    lookup = Lookup(snapshots=(_exact("end", "b", 10_160), _exact("stage", "b", 9_680)))
+    choice = choose_action(PROMPT, endpoint("b", resume_anywhere=False), 1, lookup, CPU)
+    assert choice.action is Action.RESTORE and choice.snapshot is not None and choice.snapshot.name == "end"

@@ -1,0 +1,52 @@
+"""Which offload devices a llama-server build sees, read from its `--list-devices` text (pure), and what
+that means for the router's prefill cost model.
+
+`llama-server --list-devices` prints `Available devices:` and then one `  NAME: description (N MiB, M MiB
+free)` line per non-CPU device, or `  (none)`. It needs no model and exits at once, like `--help`.
+
+Why the router cares: on the CPU backend, llama.cpp's flash-attention kernel is tiled only for a batch of
+at least `GGML_FA_TILE_Q` = 64 new tokens; a smaller batch runs the per-row kernel at about the speed of
+decoding those tokens one by one. At long context this cliff is most of a restored session's time to
+first token (tiny dense model, 14K tokens of context: 16 new tokens 190 ms, 63 tokens 700 ms, 64 tokens
+63 ms). The router applies it to attention-only pods (a hybrid's server splits batches per session and
+splits off its checkpoint tail, which defeats the tiled path anyway). With a GPU device the prompt runs
+there, where no such cliff was measured, so the rule is off.
+"""
+
+from __future__ import annotations
+
+import re
+
+#: New prompt tokens a CPU pod needs in one request for llama.cpp's tiled attention path
+#: (`GGML_FA_TILE_Q`); the scheduling config's `decision.min_batch_tokens`.
+CPU_MIN_BATCH_TOKENS = 64
+
+_HEADER = "Available devices:"
+_DEVICE = re.compile(r"^\s+([^\s:][^:]*):\s")
+
+
+def parse_devices(text: str) -> list[str] | None:
+    """The device names `--list-devices` printed ([] for a CPU-only build); None when the text is not
+    that output (a crash, a build without the flag), so that nothing is assumed."""
+    lines = text.splitlines()
+    try:
+        start = next(i for i, line in enumerate(lines) if line.strip() == _HEADER)
+    except StopIteration:
+        return None
+    names = []
+    for line in lines[start + 1:]:
+        if line.strip() == "(none)":
+            return []
+        match = _DEVICE.match(line)
+        if match is None:
+            break
+        names.append(match.group(1).strip())
+    return names
+
+
+def min_batch_tokens(devices: list[str] | None) -> int | None:
+    """The cost model's `min_batch_tokens` for a build with `devices`: the CPU cliff when it has none,
+    0 with a GPU, None when unknown (keep the configured value)."""
+    if devices is None:
+        return None
+    return 0 if devices else CPU_MIN_BATCH_TOKENS
