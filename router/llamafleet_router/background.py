@@ -7,7 +7,6 @@ and shutdown can wait for them (`drain`). Their exceptions are logged, never los
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -16,6 +15,22 @@ from llamafleet_core.index.base import PrefixIndex
 from llamafleet_router.metrics import RouterMetrics
 
 log = logging.getLogger(__name__)
+
+
+async def cancel_and_wait(task: asyncio.Future[Any]) -> None:
+    """Cancel `task` and wait until it has ended, swallowing its own cancellation and failure but never
+    a cancellation of the caller: `with suppress(CancelledError): await task` swallows both, and a
+    caller whose cancel is swallowed goes on running (retrying a request, say) while whoever cancelled
+    it waits, as a test teardown's loop shutdown once did."""
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        current = asyncio.current_task()
+        if current is not None and current.cancelling():
+            raise
+    except Exception:  # the task's own failure while ending: logged where it was spawned, if at all
+        return
 
 
 class TaskSet:
@@ -49,9 +64,7 @@ class TaskSet:
             log.warning("cancelling background tasks still running at shutdown",
                         extra={"tasks": sorted(t.get_name() for t in self._tasks)})
         for task in list(self._tasks):
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+            await cancel_and_wait(task)
 
 
 class IndexHealth:

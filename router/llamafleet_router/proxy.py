@@ -24,7 +24,6 @@ used as is. Both feed the same relay (relay.py: the streaming half).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import TypeVar
@@ -33,6 +32,7 @@ import aiohttp
 import httpx
 from starlette.responses import Response
 
+from llamafleet_router.background import cancel_and_wait
 from llamafleet_router.errors import SERVER, ApiError
 from llamafleet_router.hooks import Outcome
 from llamafleet_router.relay import OnFinish, OnFirstByte, RelayResponse, head_of_stream, prepend, relay
@@ -185,9 +185,7 @@ async def unless_gone(give_up: asyncio.Event | None, work: Awaitable[T]) -> T:
     waiter.cancel()
     if task.done():
         return task.result()
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError, Exception):
-        await task
+    await cancel_and_wait(task)  # a cancel of our caller meanwhile propagates, not PodUnreachable
     raise PodUnreachable("the pod was marked down (hung or gone) before it answered")
 
 

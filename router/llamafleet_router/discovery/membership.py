@@ -17,7 +17,6 @@ expiry precisely so that routers keep serving through a Redis or operator outage
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Sequence
 
@@ -26,6 +25,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from llamafleet_core.membership import DEFAULT_PREFIX, Member, list_fleets, read_members
+from llamafleet_router.background import cancel_and_wait
 from llamafleet_router.discovery.base import FenceHook, PodStatus
 from llamafleet_router.discovery.static import StaticDiscovery
 from llamafleet_router.settings import PodSpec
@@ -78,9 +78,7 @@ class MembershipDiscovery:
 
     async def stop(self) -> None:
         if self._loop is not None:
-            self._loop.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._loop
+            await cancel_and_wait(self._loop)
             self._loop = None
         await self._pods.stop()
 

@@ -29,6 +29,7 @@ import httpx
 
 from llamafleet_core.llama_client import LlamaClient, LlamaError
 from llamafleet_core.types import Endpoint, PodRef
+from llamafleet_router.background import cancel_and_wait
 from llamafleet_router.discovery.base import FenceHook, PodProps, PodStatus
 from llamafleet_router.settings import PodSpec
 
@@ -117,9 +118,7 @@ class StaticDiscovery:
         self._pods.remove(pod)
         self._down(pod, "left the fleet")
         if (task := self._tasks.pop(url, None)) is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait(task)
         if pod.ref is not None and self._fence is not None:
             await self._fence(pod.ref)
 
