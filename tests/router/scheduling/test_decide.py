@@ -120,7 +120,8 @@ def _exact(name: str, on: str, n_chars: int) -> SnapshotRef:
                        size_bytes=4_000_000, n_chars=n_chars, text_hash=f"h-{name}")
 
 
-CPU = ActionCosts(min_batch_tokens=64)
+# The small-batch rate is given at the test prompt's own context (40 blocks ~ 2,560 tokens).
+CPU = ActionCosts(min_batch_tokens=64, small_batch_context=2_560)
 
 
 def test_prefill_seconds_runs_at_the_small_batch_rate_below_the_cliff_only() -> None:
@@ -130,6 +131,18 @@ def test_prefill_seconds_runs_at_the_small_batch_rate_below_the_cliff_only() -> 
     assert prefill_seconds(68, CPU) == 68 / CPU.small_batch_tokens_per_s
     assert prefill_seconds(77, CPU) == 77 / CPU.prefill_tokens_per_s
     assert prefill_seconds(20, ActionCosts()) == 20 / ActionCosts().prefill_tokens_per_s  # rule off
+    # Per-row attention slows with the context: half the reference context, twice the rate.
+    assert prefill_seconds(20, CPU, context=1_280) == 10 / CPU.small_batch_tokens_per_s
+
+
+def test_cpu_pod_with_a_short_prompt_keeps_the_closest_snapshot() -> None:
+    """At 2,560 tokens of context a 20-token small batch (~40 ms) is cheaper than computing 140 more
+    tokens in a full batch (~70 ms at 2,000 tokens/s): the closest snapshot wins, so no tokens are
+    computed for nothing on short prompts."""
+    lookup = Lookup(snapshots=(_exact("end", "b", 10_160), _exact("stage", "b", 9_680)))
+    costs = CPU.model_copy(update={"small_batch_context": 14_000})  # the default: 100 tokens/s at 14K
+    choice = choose_action(PROMPT, endpoint("b"), 1, lookup, costs)
+    assert choice.action is Action.RESTORE and choice.snapshot is not None and choice.snapshot.name == "end"
 
 
 def test_cpu_pod_restores_the_stage_that_leaves_a_full_batch_rather_than_the_closest_snapshot() -> None:
