@@ -79,3 +79,4 @@ async def test_drain_cancels_what_is_left_after_its_limit() -> None:
     slow = tasks.spawn(_slow_to_cancel(0.0), name="slow")
     await tasks.drain(0.05)
     assert slow.cancelled() and len(tasks) == 0
+
