@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from llamafleet_core.prefix.llama_json import llama_str, llama_tojson
-from llamafleet_core.prefix.template import ChatTemplate, TemplateCache, canonical_render, render_chat
+from llamafleet_core.prefix.template import ChatTemplate, canonical_render, render_chat
+from llamafleet_core.prefix.template_cache import TemplateCache
 from llamafleet_local.llama_build import source_dir
 
 # What llama-server reports in /props `chat_template_caps` for these templates.

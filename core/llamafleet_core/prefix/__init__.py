@@ -12,10 +12,10 @@ from llamafleet_core.prefix.template import (
     ChatTemplate,
     PromptError,
     Rendered,
-    TemplateCache,
     canonical_render,
     render_chat,
 )
+from llamafleet_core.prefix.template_cache import TemplateCache
 
 __all__ = [
     "BLOCK_CHARS",
