@@ -29,9 +29,9 @@ exactly "the blocks the snapshot adds take longer to compute than the restore ta
 Why a small-batch rate: on llama.cpp's CPU backend a prompt batch of fewer than 64 new tokens takes the
 per-row attention kernel, at about decoding speed (`llamafleet_core.devices` has the figures: at 14K
 tokens of context 16 new tokens take 190 ms and 64 take 63 ms). So on a CPU fleet a restore that leaves
-140 tokens to compute beats one that leaves 20. The rule applies to attention-only pods (see
-`best_restore` for why not hybrids). GPU backends have no such cliff: keep 0 there. `llamafleet up`
-sets `devices.CPU_MIN_BATCH_TOKENS` when its llama-server lists no GPU device.
+140 tokens to compute beats one that leaves 20. The rule applies to attention-only pods, and to hybrid
+pods with no other busy slot (see `best_restore`). GPU backends have no such cliff: keep 0 there.
+`llamafleet up` sets `devices.CPU_MIN_BATCH_TOKENS` when its llama-server lists no GPU device.
 
 Defaults come from reference measurements: a 14K-token prefix is a ~3.6 MiB file restored in ~5 ms,
 while a cold prefill of it takes seconds on CPU and hundreds of ms on a GPU.
@@ -143,7 +143,8 @@ def usable_snapshots(
 
 
 def best_restore(
-    prompt: PromptLike, endpoint: Endpoint, held: int, lookup: Lookup, costs: ActionCosts
+    prompt: PromptLike, endpoint: Endpoint, held: int, lookup: Lookup, costs: ActionCosts,
+    shares_pod: bool = False,
 ) -> SnapshotRef | None:
     """The snapshot after whose restore the prompt is ready soonest, if that beats computing from the
     `held` blocks the slot gives; None otherwise.
@@ -157,11 +158,12 @@ def best_restore(
     text = getattr(prompt, "text", None)
     prompt_chars = len(text) if isinstance(text, str) else total * block_chars
 
-    # The cliff is an attention-only pod's: a hybrid's server splits a batch into equal per-session
-    # parts and splits off its checkpoint tail, so beside another session's batch a restored tail rarely
-    # runs tiled (measured: 141 tokens beside 65 took 434 ms, 68 tokens 773 ms), while its per-row cost
-    # is lower (fewer attention layers: 20 tokens ~120 ms). The linear model fits it better.
-    cliff = endpoint.resume_anywhere
+    # A hybrid's server splits a batch into equal per-session parts (and splits off its checkpoint
+    # tail), so beside another session's batch (`shares_pod`: other slots of the pod are busy) a
+    # restored tail rarely runs tiled (measured: 141 tokens beside 65 took 434 ms, 68 tokens 773 ms),
+    # while its per-row cost is lower (fewer attention layers: 20 tokens ~120 ms); the linear model fits
+    # it better then. Alone on its pod it has the cliff (84 tokens 77 ms, 20 tokens 114 ms).
+    cliff = endpoint.resume_anywhere or not shares_pod
 
     context = prompt_chars / costs.chars_per_token
 
@@ -193,14 +195,16 @@ def _prefer(a: SnapshotRef, b: SnapshotRef, uid: str) -> bool:
 
 
 def choose_action(
-    prompt: PromptLike, endpoint: Endpoint, slot: int, lookup: Lookup, costs: ActionCosts
+    prompt: PromptLike, endpoint: Endpoint, slot: int, lookup: Lookup, costs: ActionCosts,
+    shares_pod: bool = False,
 ) -> ActionChoice:
-    """Pure: what to do with the picked slot (see the module docstring for the rules)."""
+    """Pure: what to do with the picked slot (see the module docstring for the rules). `shares_pod`:
+    other slots of the pod are busy (see `best_restore`)."""
     # The index only knows prefixes of this chain, but never predict more than the prompt has.
     total = len(prompt.blocks)
     held = min(held_blocks(lookup, endpoint, slot, prompt), total)
     if costs.restore_enabled:
-        snap = best_restore(prompt, endpoint, held, lookup, costs)
+        snap = best_restore(prompt, endpoint, held, lookup, costs, shares_pod)
         if snap is not None:
             return ActionChoice(Action.RESTORE, snap, min(snap.n_blocks, total), "restore")
     pod_best = min(resumable(pod_best_blocks(lookup, endpoint.pod.uid), endpoint, prompt), total)

@@ -167,9 +167,15 @@ def test_cpu_slot_holding_all_but_a_small_batch_restores_an_earlier_snapshot_whe
     assert (gpu.action, gpu.branch) == (Action.DIRECT, "slot_hit")
 
 
-def test_hybrid_pod_keeps_the_linear_model_and_restores_the_closest_snapshot() -> None:
-    """A checkpoint-resuming (hybrid) pod splits batches per session, so the cliff does not describe it:
-    with the rule on, it still restores the snapshot that leaves the fewest tokens."""
+def test_hybrid_pod_has_the_cliff_alone_and_the_linear_model_beside_other_sessions() -> None:
+    """A checkpoint-resuming (hybrid) pod splits a batch per session: beside another session's batch
+    (`shares_pod`) it restores the snapshot that leaves the fewest tokens; alone, like an attention-only
+    pod, the stage that leaves a full batch."""
     lookup = Lookup(snapshots=(_exact("end", "b", 10_160), _exact("stage", "b", 9_680)))
-    choice = choose_action(PROMPT, endpoint("b", resume_anywhere=False), 1, lookup, CPU)
-    assert choice.action is Action.RESTORE and choice.snapshot is not None and choice.snapshot.name == "end"
+    hybrid = endpoint("b", resume_anywhere=False)
+    shared = choose_action(PROMPT, hybrid, 1, lookup, CPU, shares_pod=True)
+    assert shared.snapshot is not None and shared.snapshot.name == "end"
+    alone = choose_action(PROMPT, hybrid, 1, lookup, CPU, shares_pod=False)
+    assert alone.snapshot is not None and alone.snapshot.name == "stage"
+    dense = choose_action(PROMPT, endpoint("b"), 1, lookup, CPU, shares_pod=True)
+    assert dense.snapshot is not None and dense.snapshot.name == "stage"
