@@ -156,15 +156,14 @@ def test_cpu_pod_restores_the_stage_that_leaves_a_full_batch_rather_than_the_clo
     assert gpu.action is Action.RESTORE and gpu.snapshot is not None and gpu.snapshot.name == "end"
 
 
-def test_cpu_slot_holding_all_but_a_small_batch_restores_an_earlier_snapshot_when_that_is_faster() -> None:
-    """The slot holds 39 of 40 blocks: 64 tokens are left, a small batch (0.64 s at 100 tokens/s). A
-    local snapshot 10 blocks back leaves 640 tokens, 0.32 s at 2,000 tokens/s plus a restore: faster.
-    With the rule off the slot is used directly, as an earlier snapshot never beats it then."""
+def test_cpu_slot_holding_more_than_any_snapshot_is_used_directly_even_for_a_small_batch() -> None:
+    """The slot holds 39 of 40 blocks (a conversation's own slot): 64 tokens are left, a small batch, but
+    restoring a snapshot 10 blocks back would compute the turns in between again. Direct, with the
+    rule on or off."""
     lookup = Lookup(slots={slot("b", 1): 39}, snapshots=(snapshot("head", "b", 30),))
-    cpu = choose_action(PROMPT, endpoint("b"), 1, lookup, CPU)
-    assert cpu.action is Action.RESTORE and cpu.snapshot is not None and cpu.snapshot.name == "head"
-    gpu = choose_action(PROMPT, endpoint("b"), 1, lookup, ActionCosts())
-    assert (gpu.action, gpu.branch) == (Action.DIRECT, "slot_hit")
+    for costs in (CPU, ActionCosts()):
+        choice = choose_action(PROMPT, endpoint("b"), 1, lookup, costs)
+        assert (choice.action, choice.branch) == (Action.DIRECT, "slot_hit")
 
 
 def test_hybrid_pod_has_the_cliff_alone_and_the_linear_model_beside_other_sessions() -> None:
