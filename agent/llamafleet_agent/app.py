@@ -13,12 +13,12 @@ import hmac
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -26,6 +26,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from llamafleet_agent import files
+from llamafleet_agent.bodies import PullBody, RequiredBody, RestoreBody, SaveBody, error_response, read_json
 from llamafleet_agent.features import FeatureReport
 from llamafleet_agent.metrics import AgentMetrics
 from llamafleet_agent.required import Requirements
@@ -34,34 +35,8 @@ from llamafleet_agent.settings import AgentSettings
 from llamafleet_agent.store import Refused, SnapshotStore
 from llamafleet_core.gguf_meta import model_resume_kind
 
-M = TypeVar("M", bound=BaseModel)
 # Probes: the kubelet cannot send the shared token, and readiness reveals nothing sensitive.
 PUBLIC_PATHS = frozenset({"/health", "/ready"})
-
-
-class SaveBody(BaseModel):
-    slot: int = Field(ge=0)
-    name: str
-    pinned: bool = False
-    blocks: list[str] | None = None
-    block_chars: int = Field(default=0, ge=0)
-    tokens: list[int] | None = None
-    n_chars: int = Field(default=0, ge=0)
-    text_hash: str = Field(default="", max_length=64, pattern=r"^[0-9a-f]*$")
-
-
-class PullBody(BaseModel):
-    name: str
-    source: str
-    pinned: bool | None = None
-
-
-class RequiredBody(BaseModel):
-    snapshots: list[str]
-
-
-class RestoreBody(BaseModel):
-    slot: int = Field(ge=0)
 
 
 class BearerAuth:
@@ -77,7 +52,7 @@ class BearerAuth:
             given = dict(scope["headers"]).get(b"authorization", b"")
             if not hmac.compare_digest(given, self._expected):
                 self.metrics.refusals.labels("auth").inc()
-                response = _error(401, "auth", "missing or wrong bearer token")
+                response = error_response(401, "auth", "missing or wrong bearer token")
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)
@@ -99,25 +74,6 @@ class _HeldStream(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             self._stack.close()
-
-
-def _error(status: int, kind: str, reason: str) -> JSONResponse:
-    return JSONResponse({"error": {"kind": kind, "reason": reason}}, status_code=status)
-
-
-async def _body(request: Request, model: type[M], limit: int) -> M:
-    declared = request.headers.get("content-length")
-    if declared is not None and (not declared.isdigit() or int(declared) > limit):
-        raise Refused("body", f"request body over {limit} bytes", 413)
-    data = bytearray()
-    async for chunk in request.stream():
-        data += chunk
-        if len(data) > limit:
-            raise Refused("body", f"request body over {limit} bytes", 413)
-    try:
-        return model.model_validate_json(bytes(data))
-    except ValidationError as exc:
-        raise Refused("body", f"invalid request body: {exc.errors()[0].get('msg', '')}", 400) from exc
 
 
 def create_app(
@@ -153,10 +109,10 @@ def create_app(
                 except Refused as exc:
                     metrics.refusals.labels(exc.kind).inc()
                     metrics.ops.labels(op, "refused").inc()
-                    return _error(exc.status, exc.kind, exc.reason)
+                    return error_response(exc.status, exc.kind, exc.reason)
                 except OSError as exc:
                     metrics.ops.labels(op, "error").inc()
-                    return _error(500, "io", f"{type(exc).__name__}: {exc}")
+                    return error_response(500, "io", f"{type(exc).__name__}: {exc}")
                 metrics.ops.labels(op, "ok").inc()
                 metrics.duration.labels(op).observe(time.perf_counter() - started)
                 if isinstance(result, Response):
@@ -223,14 +179,14 @@ def create_app(
 
     @operation("required")
     async def put_required(request: Request) -> Any:
-        b = await _body(request, RequiredBody, limit)
+        b = await read_json(request, RequiredBody, limit)
         requirements.set(b.snapshots)
         service.required = requirements.names
         return requirements.status(await current_fingerprint())
 
     @operation("save")
     async def save(request: Request) -> Any:
-        b = await _body(request, SaveBody, limit)
+        b = await read_json(request, SaveBody, limit)
         return await service.save(
             b.slot, b.name, pinned=b.pinned, blocks=b.blocks, block_chars=b.block_chars, tokens=b.tokens,
             n_chars=b.n_chars, text_hash=b.text_hash,
@@ -238,12 +194,12 @@ def create_app(
 
     @operation("pull")
     async def pull(request: Request) -> Any:
-        b = await _body(request, PullBody, limit)
+        b = await read_json(request, PullBody, limit)
         return await service.pull(b.name, b.source, pinned=b.pinned)
 
     @operation("restore")
     async def restore(request: Request) -> Any:
-        b = await _body(request, RestoreBody, limit)
+        b = await read_json(request, RestoreBody, limit)
         return await service.restore(request.path_params["name"], b.slot)
 
     @operation("serve")
