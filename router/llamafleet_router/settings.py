@@ -64,7 +64,7 @@ class RouterSettings(BaseSettings):
     #: Scheduling pipeline YAML; the built-in default pipeline when unset.
     config_file: Path | None = None
     #: Overrides the pipeline's `decision.min_batch_tokens` (the prefill cost model's small-batch cliff:
-    #: 68 for CPU pods, 0 for GPU ones; see `llamafleet_core.devices`). Unset: the pipeline's value.
+    #: 64 for CPU pods, 0 for GPU ones; see `llamafleet_core.devices`). Unset: the pipeline's value.
     min_batch_tokens: int | None = Field(default=None, ge=0)
     #: File of API keys, one `name:key` per line (`#` starts a comment).
     api_keys_file: Path | None = None

@@ -30,27 +30,28 @@ class Resolved:
     min_batch_tokens: int | None = None  # the gateway's prefill cliff for this build (devices.py)
 
 
-def server_features(binary: Path, timeout: float = 30.0) -> ServerFeatures | None:
-    """`<binary> --help`, parsed; None when it cannot run or its output is not llama-server's help.
-
-    The process is bounded by `timeout` and never outlives the call."""
+def _output(binary: Path, flag: str, timeout: float) -> str | None:
+    """What `<binary> <flag>` prints (stdout, then stderr); None when it cannot run. The process is
+    bounded by `timeout` and never outlives the call."""
     try:
-        done = subprocess.run([str(binary), "--help"], capture_output=True, text=True, timeout=timeout,
+        done = subprocess.run([str(binary), flag], capture_output=True, text=True, timeout=timeout,
                               check=False)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    return parse_help(done.stdout + "\n" + done.stderr)
+    return done.stdout + "\n" + done.stderr
+
+
+def server_features(binary: Path, timeout: float = 30.0) -> ServerFeatures | None:
+    """`<binary> --help`, parsed; None when it cannot run or its output is not llama-server's help."""
+    text = _output(binary, "--help", timeout)
+    return None if text is None else parse_help(text)
 
 
 def server_min_batch_tokens(binary: Path, timeout: float = 30.0) -> int | None:
     """`<binary> --list-devices`, as the gateway's `min_batch_tokens`: the CPU cliff when the build sees
     no GPU, 0 with one, None when it cannot tell (the pipeline's own value then stands)."""
-    try:
-        done = subprocess.run([str(binary), "--list-devices"], capture_output=True, text=True,
-                              timeout=timeout, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return min_batch_tokens(parse_devices(done.stdout + "\n" + done.stderr))
+    text = _output(binary, "--list-devices", timeout)
+    return None if text is None else min_batch_tokens(parse_devices(text))
 
 
 def resolve(config: FleetConfig, say: Callable[[str], None]) -> Resolved:

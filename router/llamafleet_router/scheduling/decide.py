@@ -82,12 +82,6 @@ class ActionChoice:
     branch: str
 
 
-def compute_seconds(blocks: float, block_chars: int, costs: ActionCosts) -> float:
-    """Estimated prefill time of `blocks` prompt blocks (fractional: a snapshot's exact text may end
-    inside a block)."""
-    return prefill_seconds(max(blocks, 0) * block_chars / costs.chars_per_token, costs)
-
-
 # Token counts here are estimates from characters (`chars_per_token`). The text right before and after
 # a session prefix's end (a date line, chat markup, a short question) runs up to ~4.8 characters per
 # token, so an estimate must clear the cliff by this factor before a batch counts as full: a stage

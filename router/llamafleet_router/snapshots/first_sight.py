@@ -44,8 +44,8 @@ class Flights:
 
     def join(self, key: tuple[str, str]) -> tuple[bool, asyncio.Future[SnapshotRef | None]]:
         """(True, future) for the new leader, who must call `finish`; (False, future) for a waiter."""
-        running = self._running.get(key)
-        if running is not None and not running.done():
+        running = self.running(key)
+        if running is not None:
             return False, running
         future: asyncio.Future[SnapshotRef | None] = asyncio.get_running_loop().create_future()
         self._running[key] = future
@@ -53,11 +53,7 @@ class Flights:
 
     def open(self, key: tuple[str, str]) -> bool:
         """Start a flight for `key` unless one runs (True: the caller owns it and must `finish` it)."""
-        running = self._running.get(key)
-        if running is not None and not running.done():
-            return False
-        self._running[key] = asyncio.get_running_loop().create_future()
-        return True
+        return self.join(key)[0]
 
     def running(self, key: tuple[str, str]) -> asyncio.Future[SnapshotRef | None] | None:
         """The flight building `key`, if one runs (without joining it)."""

@@ -6,7 +6,6 @@ from llamafleet_core.types import Action, Lookup, SnapshotRef
 from llamafleet_router.scheduling.decide import (
     ActionCosts,
     choose_action,
-    compute_seconds,
     prefill_seconds,
     restore_seconds,
 )
@@ -73,7 +72,7 @@ def test_cost_model_is_linear_in_its_parameters() -> None:
     costs = ActionCosts(
         chars_per_token=4, prefill_tokens_per_s=1000, restore_bytes_per_s=1e6, restore_overhead_s=0
     )
-    assert compute_seconds(4, 1000, costs) == 1.0
+    assert prefill_seconds(1000, costs) == 1.0  # 4 blocks of 1,000 characters at 4 per token
     snap = snapshot("s", "b", 1, size_bytes=2_000_000)
     assert restore_seconds(snap, False, costs) == 2.0
     assert (
