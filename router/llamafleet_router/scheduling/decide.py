@@ -19,8 +19,9 @@ computing slightly; that errs on the side of not moving files around):
 
     restore_s = size_bytes / restore_bytes_per_s + restore_overhead_s
                 (+ size_bytes / transfer_bytes_per_s + transfer_overhead_s when on another pod)
-    compute_s(tokens) = tokens / prefill_tokens_per_s
-                        (tokens / small_batch_tokens_per_s when 0 < tokens < min_batch_tokens)
+    compute_s(tokens) = the sum, over the batches the server computes the tokens in (`server_cuts`), of
+                        batch / prefill_tokens_per_s
+                        (batch / small_batch_tokens_per_s when 0 < batch < min_batch_tokens)
 
 and a restore wins when `restore_s + compute_s(tokens left after the snapshot)` beats
 `compute_s(tokens left after what the slot holds)`. With `min_batch_tokens` 0 (the default) that is
@@ -29,9 +30,12 @@ exactly "the blocks the snapshot adds take longer to compute than the restore ta
 Why a small-batch rate: on llama.cpp's CPU backend a prompt batch of fewer than 64 new tokens takes the
 per-row attention kernel, at about decoding speed (`llamafleet_core.devices` has the figures: at 14K
 tokens of context 16 new tokens take 190 ms and 64 take 63 ms). So on a CPU fleet a restore that leaves
-140 tokens to compute beats one that leaves 20. The rule applies to attention-only pods, and to hybrid
-pods with no other busy slot (see `best_restore`). GPU backends have no such cliff: keep 0 there.
+140 tokens to compute beats one that leaves 20. GPU backends have no such cliff: keep 0 there.
 `llamafleet up` sets `devices.CPU_MIN_BATCH_TOKENS` when its llama-server lists no GPU device.
+
+The rate applies per batch, and on pods that checkpoint (hybrid or SWA models) llama-server cuts the
+prompt into several batches (`server_cuts`): there the question always runs in a batch of its own, so
+the session-prefix snapshot, which leaves nothing before it, beats any earlier stage.
 
 Defaults come from reference measurements: a 14K-token prefix is a ~3.6 MiB file restored in ~5 ms,
 while a cold prefill of it takes seconds on CPU and hundreds of ms on a GPU.
@@ -89,23 +93,61 @@ class ActionChoice:
 _CLIFF_MARGIN = 1.2
 
 
-def small_batch(tokens: float, costs: ActionCosts, cliff: bool = True) -> bool:
-    """Whether `tokens` (estimated, > 0) new tokens would run below the cliff (`cliff`: the pod has one)."""
-    return cliff and 0 < tokens < costs.min_batch_tokens * _CLIFF_MARGIN
+def small_batch(tokens: float, costs: ActionCosts) -> bool:
+    """Whether a batch of `tokens` (estimated, > 0) new tokens would run below the cliff."""
+    return 0 < tokens < costs.min_batch_tokens * _CLIFF_MARGIN
 
 
-def prefill_seconds(
-    tokens: float, costs: ActionCosts, cliff: bool = True, context: float | None = None
-) -> float:
-    """Estimated time to compute `tokens` (estimated) new prompt tokens in one request, after about
+def prefill_seconds(tokens: float, costs: ActionCosts, context: float | None = None) -> float:
+    """Estimated time to compute `tokens` (estimated) new prompt tokens in one batch, after about
     `context` tokens (None: the small-batch rate's own reference context). See the module docstring
-    for the small-batch rate; `cliff` False: the linear rate whatever the batch."""
+    for the small-batch rate."""
     if tokens <= 0:
         return 0.0
-    if small_batch(tokens, costs, cliff):
+    if small_batch(tokens, costs):
         scale = 1.0 if context is None else max(context, 1.0) / costs.small_batch_context
         return tokens * scale / costs.small_batch_tokens_per_s
     return tokens / costs.prefill_tokens_per_s
+
+
+# On a pod it checkpoints (recurrent or SWA memory: `Endpoint.resume_anywhere` False), llama-server ends
+# a prompt batch where the last user message starts (chat requests: the template's message delimiters)
+# and 4 + n_ubatch and 4 tokens before the prompt's end, to save a checkpoint at each (server-context.cpp,
+# llama.cpp PR 20288). Measured on the tiny hybrid at 14K tokens, raw prompts: a 66-token tail (62 + 4)
+# takes 260-330 ms, an 84-token one (80 + 4) 85 ms; in chat requests the question is a batch of its own.
+CHECKPOINT_TAIL_TOKENS = 4
+SERVER_N_UBATCH = 512  # llama-server's default `--ubatch-size`; the pods do not change it
+
+
+def server_cuts(prompt: PromptLike, endpoint: Endpoint, costs: ActionCosts) -> tuple[float, ...]:
+    """Where (in estimated tokens) llama-server ends a batch of this prompt on this pod, past the
+    batch-size limit: nowhere on attention-only pods; see above for pods that checkpoint."""
+    if endpoint.resume_anywhere:
+        return ()
+    end = _prompt_chars(prompt) / costs.chars_per_token
+    cuts = [end - CHECKPOINT_TAIL_TOKENS, end - CHECKPOINT_TAIL_TOKENS - SERVER_N_UBATCH]
+    user = getattr(prompt, "session_prefix_chars", 0)
+    # Only a prompt rendered with the model's template has the server's message delimiters where we
+    # think; a completions prompt has none.
+    if getattr(prompt, "rendered_by", "raw") == "template" and isinstance(user, int) and user > 0:
+        cuts.append(user / costs.chars_per_token)
+    return tuple(cuts)
+
+
+def batches(start: float, end: float, cuts: tuple[float, ...]) -> list[float]:
+    """The sizes of the batches computing tokens `start`..`end` when the server ends one at each cut."""
+    sizes, at = [], start
+    for cut in sorted(c for c in cuts if start < c < end):
+        sizes.append(cut - at)
+        at = cut
+    if end > at:
+        sizes.append(end - at)
+    return sizes
+
+
+def _prompt_chars(prompt: PromptLike) -> int:
+    text = getattr(prompt, "text", None)
+    return len(text) if isinstance(text, str) else len(prompt.blocks) * prompt.block_chars
 
 
 def restore_seconds(snapshot: SnapshotRef, remote: bool, costs: ActionCosts) -> float:
@@ -137,8 +179,7 @@ def usable_snapshots(
 
 
 def best_restore(
-    prompt: PromptLike, endpoint: Endpoint, held: int, lookup: Lookup, costs: ActionCosts,
-    shares_pod: bool = False,
+    prompt: PromptLike, endpoint: Endpoint, held: int, lookup: Lookup, costs: ActionCosts
 ) -> SnapshotRef | None:
     """The snapshot after whose restore the prompt is ready soonest, if that beats computing from the
     `held` blocks the slot gives; None otherwise.
@@ -150,20 +191,13 @@ def best_restore(
     best: SnapshotRef | None = None
     total = len(prompt.blocks)
     block_chars = prompt.block_chars
-    text = getattr(prompt, "text", None)
-    prompt_chars = len(text) if isinstance(text, str) else total * block_chars
+    prompt_chars = _prompt_chars(prompt)
+    end = prompt_chars / costs.chars_per_token
+    cuts = server_cuts(prompt, endpoint, costs)
 
-    # A hybrid's server splits a batch into equal per-session parts (and splits off its checkpoint
-    # tail), so beside another session's batch (`shares_pod`: other slots of the pod are busy) a
-    # restored tail rarely runs tiled (measured: 141 tokens beside 65 took 434 ms, 68 tokens 773 ms),
-    # while its per-row cost is lower (fewer attention layers: 20 tokens ~120 ms); the linear model fits
-    # it better then. Alone on its pod it has the cliff (84 tokens 77 ms, 20 tokens 114 ms).
-    cliff = endpoint.resume_anywhere or not shares_pod
-
-    context = prompt_chars / costs.chars_per_token
-
-    def after(chars: float) -> float:  # seconds to compute the prompt from `chars` on
-        return prefill_seconds(max(prompt_chars - chars, 0) / costs.chars_per_token, costs, cliff, context)
+    def after(chars: float) -> float:  # seconds to compute the prompt from `chars` on, batch by batch
+        start = min(chars, prompt_chars) / costs.chars_per_token
+        return sum(prefill_seconds(n, costs, context=end) for n in batches(start, end, cuts))
 
     best_time = after(held * block_chars)
     for snap, remote in usable_snapshots(prompt, endpoint, lookup):
@@ -189,16 +223,14 @@ def _prefer(a: SnapshotRef, b: SnapshotRef, uid: str) -> bool:
 
 
 def choose_action(
-    prompt: PromptLike, endpoint: Endpoint, slot: int, lookup: Lookup, costs: ActionCosts,
-    shares_pod: bool = False,
+    prompt: PromptLike, endpoint: Endpoint, slot: int, lookup: Lookup, costs: ActionCosts
 ) -> ActionChoice:
-    """Pure: what to do with the picked slot (see the module docstring for the rules). `shares_pod`:
-    other slots of the pod are busy (see `best_restore`)."""
+    """Pure: what to do with the picked slot (see the module docstring for the rules)."""
     # The index only knows prefixes of this chain, but never predict more than the prompt has.
     total = len(prompt.blocks)
     held = min(held_blocks(lookup, endpoint, slot, prompt), total)
     if costs.restore_enabled:
-        snap = best_restore(prompt, endpoint, held, lookup, costs, shares_pod)
+        snap = best_restore(prompt, endpoint, held, lookup, costs)
         if snap is not None:
             return ActionChoice(Action.RESTORE, snap, min(snap.n_blocks, total), "restore")
     pod_best = min(resumable(pod_best_blocks(lookup, endpoint.pod.uid), endpoint, prompt), total)

@@ -60,6 +60,11 @@ def resumable(held: int, endpoint: Endpoint, prompt: PromptLike) -> int:
     question ended (measured: ~500 tokens computed again for a "hit"; restoring the head's snapshot costs
     milliseconds), so the match counts that much short. A slot matching past the head holds this very
     conversation, whose previous turn left a checkpoint just before its end: the match counts whole.
+
+    For chat requests the server also keeps a checkpoint where a conversation's user message starts,
+    which is where the shared head ends; but a match of whole blocks cannot tell a slot holding the
+    whole head from one that diverges inside its last, partial block (a date line just before the user
+    message). Counting such matches whole was tried: the mixed workload computed 5.3x its minimum.
     """
     if endpoint.resume_anywhere or held <= 0:
         return held

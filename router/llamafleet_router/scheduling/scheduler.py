@@ -229,8 +229,7 @@ class Scheduler:
             branch = "session_affinity" if affinity else "degraded_hash"
             return Decision(c.endpoint, c.slot, Action.DIRECT, None, 0, branch, holder)
         choice = choose_action(
-            req.prompt, c.endpoint, c.slot, state.read(LOOKUP, Lookup()), self.config.decision,
-            shares_pod=bool(c.state.busy_slots - {c.slot}),
+            req.prompt, c.endpoint, c.slot, state.read(LOOKUP, Lookup()), self.config.decision
         )
         branch = "session_affinity" if choice.branch == "cold" and affinity else choice.branch
         return Decision(

@@ -26,6 +26,7 @@ class FakePrompt:
     block_chars: int = BLOCK_CHARS
     session_prefix_chars: int = 0
     shared_chars: int = 0
+    rendered_by: str = "template"  # a chat request: the server ends a batch where its last user turn starts
 
     @property
     def session_blocks(self) -> tuple[str, ...]:

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-from llamafleet_core.types import Action, Lookup, SnapshotRef
+from llamafleet_core.types import Action, Endpoint, Lookup, SnapshotRef
 from llamafleet_router.scheduling.decide import (
     ActionCosts,
+    batches,
     choose_action,
     prefill_seconds,
     restore_seconds,
+    server_cuts,
 )
 
-from .fakes import endpoint, request, slot, snapshot
+from .fakes import MODEL, FakePrompt, chain, endpoint, request, slot, snapshot
 
 PROMPT = request(n_blocks=40).prompt  # 40 blocks * 256 chars / 4 = 2560 tokens -> 1.28 s at 2000 tok/s
 
@@ -165,15 +167,52 @@ def test_cpu_slot_holding_more_than_any_snapshot_is_used_directly_even_for_a_sma
         assert (choice.action, choice.branch) == (Action.DIRECT, "slot_hit")
 
 
-def test_hybrid_pod_has_the_cliff_alone_and_the_linear_model_beside_other_sessions() -> None:
-    """A checkpoint-resuming (hybrid) pod splits a batch per session: beside another session's batch
-    (`shares_pod`) it restores the snapshot that leaves the fewest tokens; alone, like an attention-only
-    pod, the stage that leaves a full batch."""
-    lookup = Lookup(snapshots=(_exact("end", "b", 10_160), _exact("stage", "b", 9_680)))
+def test_batches_are_cut_where_the_server_ends_them() -> None:
+    assert batches(100, 200, ()) == [100]
+    assert batches(100, 200, (196, 150, 50, 250)) == [50, 46, 4]  # cuts outside the range are ignored
+    assert batches(150, 200, (150, 196)) == [46, 4]
+    assert batches(200, 200, (196,)) == []
+
+
+def test_server_cuts_only_on_pods_that_checkpoint_and_the_user_cut_only_for_chat_prompts() -> None:
+    """10,240 characters at 4 per token: 2,560 tokens, the last user message at 2,540."""
+    chat = FakePrompt(MODEL, chain("p", 40), session_prefix_chars=10_160)
+    raw = FakePrompt(MODEL, chain("p", 40), session_prefix_chars=10_160, rendered_by="raw")
     hybrid = endpoint("b", resume_anywhere=False)
-    shared = choose_action(PROMPT, hybrid, 1, lookup, CPU, shares_pod=True)
-    assert shared.snapshot is not None and shared.snapshot.name == "end"
-    alone = choose_action(PROMPT, hybrid, 1, lookup, CPU, shares_pod=False)
-    assert alone.snapshot is not None and alone.snapshot.name == "stage"
-    dense = choose_action(PROMPT, endpoint("b"), 1, lookup, CPU, shares_pod=True)
-    assert dense.snapshot is not None and dense.snapshot.name == "stage"
+    assert server_cuts(chat, endpoint("b"), CPU) == ()
+    assert sorted(server_cuts(chat, hybrid, CPU)) == [2560 - 4 - 512, 2540, 2556]
+    assert sorted(server_cuts(raw, hybrid, CPU)) == [2560 - 4 - 512, 2556]
+
+
+def test_hybrid_chat_prompt_restores_the_session_prefix_snapshot_since_its_question_is_a_batch_of_its_own(
+) -> None:
+    """llama-server computes a hybrid's chat prompt in batches cut where the last user message starts
+    and 4 tokens before the end. The question runs below the cliff whatever was restored, so a stage
+    120 tokens before the session prefix only adds a batch: the exact snapshot wins. (Measured on the
+    seed-table run before this rule: the later-day next session restored a stage leaving 66 tokens,
+    364 ms of prompt, where the session-prefix snapshot leaves 19, 116 ms.) An attention-only pod
+    computes the whole tail in one batch, so there the stage wins; so it does on a hybrid for a
+    completions prompt, which has no message delimiters."""
+    lookup = Lookup(snapshots=(_exact("end", "b", 10_160), _exact("stage", "b", 9_680)))
+    chat = FakePrompt(MODEL, chain("p", 40), session_prefix_chars=10_160)
+    raw = FakePrompt(MODEL, chain("p", 40), session_prefix_chars=10_160, rendered_by="raw")
+    hybrid = endpoint("b", resume_anywhere=False)
+
+    def picked(prompt: FakePrompt, ep: Endpoint) -> str:
+        choice = choose_action(prompt, ep, 1, lookup, CPU)
+        assert choice.action is Action.RESTORE and choice.snapshot is not None
+        return choice.snapshot.name
+
+    assert picked(chat, hybrid) == "end"
+    assert picked(chat, endpoint("b")) == "stage"
+    assert picked(raw, hybrid) == "stage"
+
+
+def test_hybrid_without_the_session_prefix_snapshot_restores_the_stage_leaving_a_full_batch() -> None:
+    """A later day: only stages exist. The one 120 tokens before the user message leaves a full batch
+    (then the question); the one 40 tokens before it leaves a small batch, slower."""
+    lookup = Lookup(snapshots=(_exact("far", "b", 9_680), _exact("near", "b", 10_000)))
+    chat = FakePrompt(MODEL, chain("p", 40), session_prefix_chars=10_160)
+    for ep in (endpoint("b", resume_anywhere=False), endpoint("b")):
+        choice = choose_action(chat, ep, 1, lookup, CPU)
+        assert choice.snapshot is not None and choice.snapshot.name == "far"
