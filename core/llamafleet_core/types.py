@@ -51,6 +51,15 @@ class SlotRef:
 
     pod_uid: str
     slot: int
+    # Every scorer keys its answer by SlotRef: a decision hashes ~700 of them, and the generated
+    # `__hash__` builds a tuple each time (about a fifth of a 1,000-entry decision's own time).
+    _hash: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash((self.pod_uid, self.slot)))
+
+    def __hash__(self) -> int:
+        return self._hash
 
     def key(self) -> str:
         return f"{self.pod_uid}#{self.slot}"
