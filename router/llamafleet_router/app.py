@@ -163,9 +163,13 @@ def create_app(
         else:
             sched = scheduler
         gateway.http, gateway.discovery, gateway.scheduler = client, disc, sched
+        # The scheduler's per-pod speeds learn from answers and restores (an injected scheduler may
+        # have none: then the configured figures stay).
+        gateway.speeds = getattr(sched, "speeds", None)
         gateway.after = AfterResponse(
             index=index, scheduler=sched, metrics=metrics, health=health,
             block_chars=settings.block_chars, chars_per_token=settings.chars_per_token,
+            speeds=gateway.speeds,
         )
         await health.check()
         watcher = asyncio.create_task(health.run(), name="index-health")

@@ -19,6 +19,7 @@ from llamafleet_core.types import SlotRef
 from llamafleet_router.background import IndexHealth
 from llamafleet_router.metrics import RouterMetrics
 from llamafleet_router.scheduling.framework import ANY_SLOT, Decision, EndpointState, PromptLike, SchedRequest
+from llamafleet_router.scheduling.speeds import SpeedBook
 from llamafleet_router.sse import Stats
 
 log = logging.getLogger(__name__)
@@ -67,8 +68,10 @@ class AfterResponse:
         health: IndexHealth,
         block_chars: int,
         chars_per_token: float,
+        speeds: SpeedBook | None = None,
     ) -> None:
         self._index = index
+        self._speeds = speeds
         self._scheduler = scheduler
         self._metrics = metrics
         self._health = health
@@ -119,11 +122,21 @@ class AfterResponse:
         if outcome.status < 400 and outcome.stats is not None and outcome.stats.cache_n is not None:
             slot = decision.slot if decision.slot != ANY_SLOT else outcome.served_slot
             await self._verify_and_record(req.model, req.prompt, decision, slot, outcome.stats)
+            self._learn(req.prompt, decision, outcome.stats)
         if close is not None:
             try:
                 await close()
             except Exception:
                 log.debug("closing the upstream response failed", exc_info=True)
+
+    def _learn(self, prompt: PromptLike, decision: Decision, stats: Stats) -> None:
+        """Teach the cost model how fast this pod computed the prompt (scheduling/speeds.py)."""
+        if self._speeds is None or stats.prompt_ms is None or not stats.prompt_n:
+            return
+        endpoint = decision.endpoint
+        self._speeds.observe_prompt(endpoint, prompt, cached=stats.cache_n or 0, computed=stats.prompt_n,
+                                    seconds=stats.prompt_ms / 1000)
+        self._metrics.show_speeds(endpoint.url, self._speeds.learned(endpoint.pod.uid))
 
     async def _verify_and_record(
         self, model: str, prompt: PromptLike, decision: Decision, slot: int | None, stats: Stats

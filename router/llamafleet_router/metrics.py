@@ -6,6 +6,8 @@ prompt, a prompt hash or a key.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -82,6 +84,11 @@ class RouterMetrics:
             registry=registry,
         )
         self.pods_up = Gauge(p + "pods_up", "Pods currently routable.", registry=registry)
+        self.pod_speed = Gauge(
+            p + "pod_speed", "What the cost model learned of each pod from its answers, by figure "
+            "(prefill_tokens_per_s, small_batch_tokens_per_s, restore_bytes_per_s, ...).",
+            ["pod", "figure"], registry=registry,
+        )
         self.plugin_seconds = Histogram(
             p + "plugin_seconds", "Latency of each scheduling plugin, by point (producer, filter, scorer, "
             "picker, lease), plugin type and name.", ["point", "type", "name"], buckets=_LATENCY_BUCKETS,
@@ -102,3 +109,7 @@ class RouterMetrics:
             self.index_lookup_seconds.observe(seconds)
         elif point == "lease":
             self.lease_wait_seconds.observe(seconds)
+
+    def show_speeds(self, pod: str, figures: Mapping[str, float]) -> None:
+        for figure, value in figures.items():
+            self.pod_speed.labels(pod, figure).set(value)

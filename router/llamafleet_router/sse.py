@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 # A single SSE line longer than this is not one llama-server writes; drop it rather than buffer it.
 _MAX_LINE = 4 * 1024 * 1024
+T = TypeVar("T")
 # Only events holding one of these keys can change what the tap reports (a JSON key is always quoted).
 _PARSED = (b'"timings"', b'"usage"', b'"error"', b'"message_stop"', b'"message_start"')
 
@@ -29,6 +30,7 @@ class Stats:
     cache_n: int | None = None
     prompt_n: int | None = None
     predicted_n: int | None = None
+    prompt_ms: float | None = None  # how long the server took to compute `prompt_n` (timings only)
 
     @property
     def n_tokens(self) -> int:
@@ -38,6 +40,10 @@ class Stats:
 
 def _int(value: Any) -> int | None:
     return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _float(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 def stats_from(obj: Any, previous: Stats | None = None) -> Stats | None:
@@ -56,7 +62,7 @@ def stats_from(obj: Any, previous: Stats | None = None) -> Stats | None:
     timings = obj.get("timings")
     if isinstance(timings, Mapping):
         stats = _merge(stats, Stats(_int(timings.get("cache_n")), _int(timings.get("prompt_n")),
-                                    _int(timings.get("predicted_n"))))
+                                    _int(timings.get("predicted_n")), _float(timings.get("prompt_ms"))))
     return stats
 
 
@@ -75,11 +81,12 @@ def _from_usage(usage: Mapping[str, Any]) -> Stats:
 def _merge(old: Stats | None, new: Stats) -> Stats:
     if old is None:
         return new
-    return replace(
-        old,
-        **{k: v for k, v in (("cache_n", new.cache_n), ("prompt_n", new.prompt_n),
-                             ("predicted_n", new.predicted_n)) if v is not None},
-    )
+    return Stats(_first(new.cache_n, old.cache_n), _first(new.prompt_n, old.prompt_n),
+                 _first(new.predicted_n, old.predicted_n), _first(new.prompt_ms, old.prompt_ms))
+
+
+def _first(new: T | None, old: T | None) -> T | None:
+    return new if new is not None else old
 
 
 def stats_from_body(body: bytes) -> Stats | None:

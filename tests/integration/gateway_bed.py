@@ -84,6 +84,7 @@ class Answer:
     prompt_n: int
     raw: bytes
     snapshot: str = ""  # x-llamafleet-snapshot: the snapshot restored before forwarding, if any
+    prompt_ms: float = 0.0  # the server's time to compute `prompt_n`
 
     @property
     def prompt_tokens(self) -> int:
@@ -115,4 +116,5 @@ async def chat(http: httpx.AsyncClient, url: str, body: dict[str, Any]) -> Answe
         prompt_n=int(timings.get("prompt_n", 0)),
         raw=resp.content,
         snapshot=resp.headers.get("x-llamafleet-snapshot", ""),
+        prompt_ms=float(timings.get("prompt_ms", 0.0)),
     )

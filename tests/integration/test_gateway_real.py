@@ -22,6 +22,7 @@ from llamafleet_local.redis_server import RedisServer
 from llamafleet_local.workload import AgentProfile, WorkloadSpec, make_profile, user_question
 from tests.fixtures.llama import StartLlamaServer, TinyModels
 from tests.integration.gateway_bed import Answer, chat, gateway
+from tests.integration.snapshot_bed import metric
 
 pytestmark = [pytest.mark.llama, pytest.mark.redis]
 
@@ -80,6 +81,29 @@ async def test_sessions_reuse_the_prefix_on_their_slots_when_sent_through_the_ga
                                                           max_tokens=4))
         assert (turn2.pod, turn2.slot) == (turn1.pod, turn1.slot)
         assert turn2.cache_n >= turn1.prompt_tokens - 8, (turn2.cache_n, turn1.prompt_tokens)
+
+
+async def test_the_gateway_learns_a_pods_prefill_speed_from_its_answers(fleet: Fleet, redis_url: str) -> None:
+    """Two cold prompts (other agents: nothing to reuse) on one pod: the full-batch rate the cost model
+    learned for the pod (`llamafleet_router_pod_speed`) lies between the two rates the server reported
+    in its `timings`."""
+    rng = random.Random(5)
+    pod = fleet.urls[0]
+    rates: list[float] = []
+    async with gateway([pod], redis_url, prefix="t-speed") as gw, httpx.AsyncClient(timeout=300) as http:
+        for seed in (21, 22):
+            agent = make_profile(WorkloadSpec(prefix_chars=12_000, seed=seed, workspace=f"/srv/w{seed}"))
+            answer = await chat(http, gw.url, agent.request(fleet.model, user_question(rng), max_tokens=2))
+            assert answer.status == 200 and answer.prompt_n > 2_000 and answer.prompt_ms > 0, answer
+            rates.append(answer.prompt_n / (answer.prompt_ms / 1000))
+        learned = 0.0
+        for _ in range(50):  # learned after the response, off the request path
+            learned = await metric(http, gw.url, "llamafleet_router_pod_speed", figure="prefill_tokens_per_s",
+                                   pod=pod)
+            if learned:
+                break
+            await asyncio.sleep(0.1)
+    assert min(rates) * 0.999 <= learned <= max(rates) * 1.001, (learned, rates)
 
 
 async def test_two_gateway_replicas_agree_and_never_pin_one_slot_twice(

@@ -55,6 +55,15 @@ def test_stats_from_usage_when_no_timings() -> None:
     assert stats_from(both) == Stats(3, 7, 1)
 
 
+def test_stats_keep_the_prompt_time_from_timings_across_events() -> None:
+    """`prompt_ms` (what the cost model learns from) comes from `timings` only, and a later event
+    without it (usage alone) keeps it."""
+    first = stats_from({"timings": {"cache_n": 3, "prompt_n": 7, "prompt_ms": 12.5}})
+    assert first == Stats(3, 7, None, 12.5)
+    assert stats_from({"usage": {"completion_tokens": 4}}, first) == Stats(3, 7, 4, 12.5)
+    assert stats_from({"timings": {"prompt_ms": True}}) == Stats()  # not a number
+
+
 @pytest.mark.parametrize(
     ("predicted", "cache_n", "verdict"),
     [(4, 300, "hit"), (4, 3, "false_hit"), (0, 300, "surprise_hit"), (0, 3, "miss"), (1, 0, "false_hit")],

@@ -38,6 +38,7 @@ from llamafleet_router.scheduling.framework import (
     NoEndpointError,
     SchedRequest,
 )
+from llamafleet_router.scheduling.speeds import SpeedBook
 from llamafleet_router.snapshots import SnapshotConfig, SnapshotFlow, SnapshotMetrics
 from llamafleet_router.snapshots.detached import Borrowed
 
@@ -123,6 +124,7 @@ class Gateway:
         self.scheduler: SchedulerLike | None = None
         self.leases: ReplicaLeases | None = None  # when the app built the scheduler itself
         self.after: AfterResponse | None = None
+        self.speeds: SpeedBook | None = None  # the scheduler's learned per-pod speeds, when it has them
         # Snapshots (restore-on-miss, first sight): on when `enable_snapshots` was given a config.
         self.snapshot_config: SnapshotConfig | None = None
         self.snapshot_metrics: SnapshotMetrics | None = None
@@ -145,6 +147,7 @@ class Gateway:
             assert self.http is not None and self.after is not None
             self._snapshots = SnapshotFlow(
                 http=self.http, index=self.after.index, config=config, metrics=metrics, tasks=self.tasks,
+                speeds=self.speeds,
             )
             # A Redis that comes back empty lost the snapshot entries; the agents still hold the files.
             self.health.on_recovered.append(self._snapshots.resync.forget_all)

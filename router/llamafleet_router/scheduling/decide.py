@@ -76,6 +76,9 @@ class ActionCosts(BaseModel):
     # slows in proportion to the context, so a 2.7K-token prompt's small batch runs ~5x faster.
     small_batch_tokens_per_s: float = Field(default=100.0, gt=0)
     small_batch_context: int = Field(default=14_000, gt=0)
+    # Learn each pod's prefill, restore and pull speeds from its answers (speeds.py); the figures above
+    # are then only where a pod starts.
+    learn_speeds: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,7 +127,7 @@ def server_cuts(prompt: PromptLike, endpoint: Endpoint, costs: ActionCosts) -> t
     batch-size limit: nowhere on attention-only pods; see above for pods that checkpoint."""
     if endpoint.resume_anywhere:
         return ()
-    end = _prompt_chars(prompt) / costs.chars_per_token
+    end = prompt_chars(prompt) / costs.chars_per_token
     cuts = [end - CHECKPOINT_TAIL_TOKENS, end - CHECKPOINT_TAIL_TOKENS - SERVER_N_UBATCH]
     user = getattr(prompt, "session_prefix_chars", 0)
     # Only a prompt rendered with the model's template has the server's message delimiters where we
@@ -145,7 +148,8 @@ def batches(start: float, end: float, cuts: tuple[float, ...]) -> list[float]:
     return sizes
 
 
-def _prompt_chars(prompt: PromptLike) -> int:
+def prompt_chars(prompt: PromptLike) -> int:
+    """The rendered prompt's length in characters (blocks times their size when the text is unknown)."""
     text = getattr(prompt, "text", None)
     return len(text) if isinstance(text, str) else len(prompt.blocks) * prompt.block_chars
 
@@ -191,12 +195,12 @@ def best_restore(
     best: SnapshotRef | None = None
     total = len(prompt.blocks)
     block_chars = prompt.block_chars
-    prompt_chars = _prompt_chars(prompt)
-    end = prompt_chars / costs.chars_per_token
+    n_chars = prompt_chars(prompt)
+    end = n_chars / costs.chars_per_token
     cuts = server_cuts(prompt, endpoint, costs)
 
     def after(chars: float) -> float:  # seconds to compute the prompt from `chars` on, batch by batch
-        start = min(chars, prompt_chars) / costs.chars_per_token
+        start = min(chars, n_chars) / costs.chars_per_token
         return sum(prefill_seconds(n, costs, context=end) for n in batches(start, end, cuts))
 
     best_time = after(held * block_chars)

@@ -57,6 +57,7 @@ from llamafleet_router.scheduling.framework import (
 from llamafleet_router.scheduling.lookup_view import pod_best_slot
 from llamafleet_router.scheduling.plugins.scorers.session_affinity import SessionAffinityScorer
 from llamafleet_router.scheduling.registry import Registry, register_builtin_plugins
+from llamafleet_router.scheduling.speeds import SpeedBook
 from llamafleet_router.scheduling.weighing import weigh_candidates
 
 log = logging.getLogger(__name__)
@@ -72,8 +73,12 @@ class Scheduler:
         holder_prefix: str,
         metrics_hook: MetricsHook | None = None,
         registry: Registry | None = None,
+        speeds: SpeedBook | None = None,
     ) -> None:
         self.config = config
+        # What the action choice weighs per pod: learned from the answers the app feeds it (hooks.py).
+        self.speeds = speeds if speeds is not None else (
+            SpeedBook(config.decision) if config.decision.learn_speeds else None)
         self._leases = leases
         self._holder_prefix = holder_prefix
         self._metrics = metrics_hook
@@ -228,9 +233,8 @@ class Scheduler:
             # Nothing is known about slot contents: forward pinned and let llama-server reuse what it has.
             branch = "session_affinity" if affinity else "degraded_hash"
             return Decision(c.endpoint, c.slot, Action.DIRECT, None, 0, branch, holder)
-        choice = choose_action(
-            req.prompt, c.endpoint, c.slot, state.read(LOOKUP, Lookup()), self.config.decision
-        )
+        costs = self.config.decision if self.speeds is None else self.speeds.costs(c.endpoint.pod.uid)
+        choice = choose_action(req.prompt, c.endpoint, c.slot, state.read(LOOKUP, Lookup()), costs)
         branch = "session_affinity" if choice.branch == "cold" and affinity else choice.branch
         return Decision(
             c.endpoint, c.slot, choice.action, choice.snapshot, choice.predicted_blocks, branch, holder

@@ -35,6 +35,7 @@ from llamafleet_core.types import Action, Lookup, SnapshotRef, exact_text_hash
 from llamafleet_router.background import TaskSet
 from llamafleet_router.discovery.base import PodStatus
 from llamafleet_router.scheduling.framework import ANY_SLOT, Decision, SchedRequest
+from llamafleet_router.scheduling.speeds import SpeedBook
 from llamafleet_router.snapshots.base import SnapshotConfig, SnapshotMetrics
 from llamafleet_router.snapshots.cuts import divergence_point, held_stage
 from llamafleet_router.snapshots.detached import DETACH_MAX_TAIL_CHARS, BorrowSlot, DetachedBuilds
@@ -51,13 +52,13 @@ _KNOWN_MAX = 4096
 class SnapshotFlow:
     def __init__(
         self, *, http: httpx.AsyncClient, index: PrefixIndex, config: SnapshotConfig,
-        metrics: SnapshotMetrics, tasks: TaskSet,
+        metrics: SnapshotMetrics, tasks: TaskSet, speeds: SpeedBook | None = None,
     ) -> None:
         self.config = config
         self.metrics = metrics
         self._index = index
         self.restorer = RestoreExecutor(http=http, index=index, token=config.token, metrics=metrics,
-                                        tasks=tasks)
+                                        tasks=tasks, speeds=speeds)
         self.staged = StagedPrefill(http=http, index=index, config=config, metrics=metrics)
         self.resync = Resync(http=http, index=index, config=config, metrics=metrics)
         self.flights = Flights()

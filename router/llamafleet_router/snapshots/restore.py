@@ -23,6 +23,7 @@ from llamafleet_core.index.base import PrefixIndex
 from llamafleet_core.snapshot import valid_snapshot_name
 from llamafleet_core.types import Endpoint, SnapshotRef
 from llamafleet_router.background import TaskSet
+from llamafleet_router.scheduling.speeds import SpeedBook
 from llamafleet_router.snapshots.base import BAD_SNAPSHOT_KINDS, SnapshotMetrics, failure_kind
 
 log = logging.getLogger(__name__)
@@ -46,13 +47,14 @@ class Restored:
 class RestoreExecutor:
     def __init__(
         self, *, http: httpx.AsyncClient, index: PrefixIndex, token: str, metrics: SnapshotMetrics,
-        tasks: TaskSet,
+        tasks: TaskSet, speeds: SpeedBook | None = None,
     ) -> None:
         self._http = http
         self._index = index
         self._token = token
         self._metrics = metrics
         self._tasks = tasks
+        self._speeds = speeds
 
     def agent(self, url: str) -> AgentClient:
         return AgentClient(url, self._http, self._token)
@@ -86,12 +88,18 @@ class RestoreExecutor:
                 return self._failed(source, "pull", failure_kind(exc.kind, exc.status), exc.reason, snap,
                                     model)
             local = replace(snap, pod_uid=target.uid, size_bytes=manifest.size, n_tokens=manifest.n_tokens)
+        pulled = time.perf_counter()
         try:
             result = await here.restore(snap.name, slot)
         except AgentError as exc:
             return self._failed(source, "restore", failure_kind(exc.kind, exc.status), exc.reason, local,
                                 model)
         seconds = time.perf_counter() - started
+        if self._speeds is not None:  # what the cost model learns of this pod's restores and pulls
+            size, pull_s = local.size_bytes, pulled - started
+            self._speeds.observe_restore(target.uid, size_bytes=size, seconds=seconds - pull_s)
+            if remote:
+                self._speeds.observe_restore(target.uid, size_bytes=size, seconds=pull_s, pull=True)
         self._metrics.restores.labels(source, "ok").inc()
         self._metrics.restore_seconds.labels(source).observe(seconds)
         if remote:
