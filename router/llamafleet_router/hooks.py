@@ -134,9 +134,9 @@ class AfterResponse:
         if self._speeds is None or stats.prompt_ms is None or not stats.prompt_n:
             return
         endpoint = decision.endpoint
-        self._speeds.observe_prompt(endpoint, prompt, cached=stats.cache_n or 0, computed=stats.prompt_n,
-                                    seconds=stats.prompt_ms / 1000)
-        self._metrics.show_speeds(endpoint.url, self._speeds.learned(endpoint.pod.uid))
+        if self._speeds.observe_prompt(endpoint, prompt, cached=stats.cache_n or 0, computed=stats.prompt_n,
+                                       seconds=stats.prompt_ms / 1000):
+            self._metrics.show_speeds(endpoint.url, self._speeds.learned(endpoint.pod.uid))
 
     async def _verify_and_record(
         self, model: str, prompt: PromptLike, decision: Decision, slot: int | None, stats: Stats

@@ -41,6 +41,7 @@ from llamafleet_router.scheduling.framework import PromptLike
 # tokens (a question after a hit) run latency-bound even on a GPU, so they would teach it a rate ten
 # times too slow. Only answers computing at least this many tokens in full batches teach it.
 FULL_SAMPLE_TOKENS = 512
+_MOVE = 0.05  # a figure that moved less than this since the costs were built does not rebuild them
 # A learned figure stays within this factor of the configured one: one pathological answer (a pod
 # stalled by the host) must not make a pod look 1,000x slower for the next dozen decisions.
 _MAX_FACTOR = 50.0
@@ -93,11 +94,11 @@ class SpeedBook:
 
     def observe_prompt(
         self, endpoint: Endpoint, prompt: PromptLike, *, cached: int, computed: int, seconds: float
-    ) -> None:
+    ) -> bool:
         """One answer: `computed` prompt tokens after `cached` ones took `seconds` (llama-server's
-        `prompt_n`, `cache_n` and `prompt_ms`)."""
+        `prompt_n`, `cache_n` and `prompt_ms`). True when the pod's costs changed."""
         if computed <= 0 or seconds <= 0 or cached < 0:
-            return
+            return False
         costs = self.costs(endpoint.pod.uid)
         end = cached + computed
         # The cuts are estimated from characters; anchor them to the real end of the prompt, which is
@@ -108,18 +109,19 @@ class SpeedBook:
         small = [n for n in sizes if small_batch(n, costs)]
         full = sum(sizes) - sum(small)
         if full <= 0 and small:
-            self._pod(endpoint.pod.uid).small.add(
-                sum(small) * (end / costs.small_batch_context) / seconds, self.alpha)
+            pod = self._pod(endpoint.pod.uid)
+            pod.small.add(sum(small) * (end / costs.small_batch_context) / seconds, self.alpha)
         elif full >= FULL_SAMPLE_TOKENS:
             rest = seconds - sum(prefill_seconds(n, costs, context=end) for n in small)
             if rest < 0.5 * seconds:
-                return  # the small batches' estimate is most of it: nothing reliable to learn
-            self._pod(endpoint.pod.uid).full.add(full / rest, self.alpha)
+                return False  # the small batches' estimate is most of it: nothing reliable to learn
+            pod = self._pod(endpoint.pod.uid)
+            pod.full.add(full / rest, self.alpha)
         else:
-            return
-        self._pods[endpoint.pod.uid].costs = None
+            return False
+        return self._moved(pod)
 
-    def observe_restore(self, pod_uid: str, *, size_bytes: int, seconds: float, pull: bool = False) -> None:
+    def observe_restore(self, pod_uid: str, *, size_bytes: int, seconds: float, pull: bool = False) -> bool:
         """A restore of a `size_bytes` file into a slot of `pod_uid` (`pull`: a pull of it onto the pod)
         took `seconds`. Compared with what the configured figures predict, never the learned ones, so
         the factor does not chase itself."""
@@ -127,10 +129,21 @@ class SpeedBook:
         local = size_bytes / base.restore_bytes_per_s + base.restore_overhead_s
         predicted = (size_bytes / base.transfer_bytes_per_s + base.transfer_overhead_s) if pull else local
         if size_bytes < 0 or seconds <= 0 or predicted <= 0:
-            return
+            return False
         pod = self._pod(pod_uid)
         (pod.transfer if pull else pod.restore).add(seconds / predicted, self.alpha)
-        pod.costs = None
+        return self._moved(pod)
+
+    def _moved(self, pod: _Pod) -> bool:
+        """Whether a learned figure moved by more than `_MOVE` from the costs built last; if so, they are
+        built again at the next decision. Rebuilding after every answer cost each request a model copy."""
+        if pod.costs is None:
+            return True
+        built = pod.costs
+        if any(abs(value / getattr(built, name) - 1) > _MOVE for name, value in self._learned(pod).items()):
+            pod.costs = None
+            return True
+        return False
 
     def _pod(self, uid: str) -> _Pod:
         pod = self._pods.get(uid)

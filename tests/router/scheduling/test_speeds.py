@@ -58,11 +58,11 @@ def test_a_hybrid_answer_is_split_where_the_server_cuts_it() -> None:
     answer is one full batch."""
     hybrid, dense = SpeedBook(CPU), SpeedBook(CPU)
     for _ in range(2):
-        hybrid.observe_prompt(HYBRID, PROMPT, cached=14_340, computed=1_020, seconds=0.7)
-        dense.observe_prompt(DENSE, PROMPT, cached=14_340, computed=1_020, seconds=0.7)
+        hybrid.observe_prompt(HYBRID, PROMPT, cached=14_340, computed=1_020, seconds=0.6)
+        dense.observe_prompt(DENSE, PROMPT, cached=14_340, computed=1_020, seconds=0.6)
     small_s = 20 * (15_360 / CPU.small_batch_context) / CPU.small_batch_tokens_per_s
-    assert hybrid.costs(UID).prefill_tokens_per_s == pytest.approx(1_000 / (0.7 - small_s))
-    assert dense.costs(UID).prefill_tokens_per_s == pytest.approx(1_020 / 0.7)
+    assert hybrid.costs(UID).prefill_tokens_per_s == pytest.approx(1_000 / (0.6 - small_s))
+    assert dense.costs(UID).prefill_tokens_per_s == pytest.approx(1_020 / 0.6)
 
 
 def test_restores_and_pulls_learn_a_factor_on_the_configured_prediction() -> None:
@@ -75,6 +75,18 @@ def test_restores_and_pulls_learn_a_factor_on_the_configured_prediction() -> Non
     learned = book.costs(UID)
     assert restore_seconds(snap, False, learned) == pytest.approx(2 * local)
     assert restore_seconds(snap, True, learned) == pytest.approx(2 * local + 3 * (remote - local))
+
+
+def test_costs_are_built_again_only_when_a_figure_moved_by_more_than_five_percent() -> None:
+    book = SpeedBook(ActionCosts(), alpha=1.0)
+    for _ in range(2):
+        assert book.observe_prompt(DENSE, PROMPT, cached=0, computed=4_000, seconds=1.0)
+    built = book.costs(UID)
+    assert built.prefill_tokens_per_s == 4_000
+    assert not book.observe_prompt(DENSE, PROMPT, cached=0, computed=4_100, seconds=1.0)
+    assert book.costs(UID) is built
+    assert book.observe_prompt(DENSE, PROMPT, cached=0, computed=4_300, seconds=1.0)
+    assert book.costs(UID).prefill_tokens_per_s == 4_300
 
 
 def test_a_pathological_answer_moves_a_figure_at_most_fifty_fold() -> None:
