@@ -40,6 +40,7 @@ from llamafleet_router.metrics import RouterMetrics
 from llamafleet_router.prompts import PromptRenderer
 from llamafleet_router.settings import RouterSettings
 from llamafleet_router.snapshots import SnapshotConfig
+from llamafleet_router.snapshots.resync import keep_synced
 from llamafleet_router.upstream import GatewayClient
 
 log = logging.getLogger(__name__)
@@ -174,12 +175,19 @@ def create_app(
         await health.check()
         watcher = asyncio.create_task(health.run(), name="index-health")
         await disc.start()
+        resyncer = None
+        if gateway.snapshot_config is not None:
+            resyncer = asyncio.create_task(keep_synced(
+                lambda: gateway.snapshots.resync if gateway.snapshots is not None else None,
+                disc.endpoints, gateway.snapshot_config.resync_interval_s), name="snapshot-resync")
         try:
             yield
         finally:
-            watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watcher
+            for task in (watcher, resyncer):  # then the rest of the shutdown, whatever happens here
+                if task is not None:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
             await disc.stop()
             await gateway.tasks.drain(_SHUTDOWN_DRAIN_S)
             if http is None:

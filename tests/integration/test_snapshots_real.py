@@ -163,8 +163,9 @@ async def test_next_day_session_resumes_before_the_date_line_when_the_pod_restar
 ) -> None:
     """Day 1 snapshots the session prefix and a stage at the start of its last line (the date line).
     The pod restarts (its index entries are purged; its agent keeps the files); the gateway records
-    the agent's snapshots again, and the first day-2 session restores the stage snapshot (for a hybrid,
-    the only one its prompt extends exactly) and computes only the date line's tail. The day-2 session
+    the agent's snapshots again as soon as it sees the pod back, before any request, and the first
+    day-2 session restores the stage snapshot (for a hybrid, the only one its prompt extends exactly)
+    and computes only the date line's tail. The day-2 session
     prefix is built from the same stage in another idle slot after the request answers, or in the
     request's own slot before it is forwarded when the pod has no other slot."""
     name, path = model
@@ -185,6 +186,12 @@ async def test_next_day_session_resumes_before_the_date_line_when_the_pod_restar
         await _wait_until_down(gw.app, a.server.url)
         await asyncio.to_thread(a.server.start)
         await _wait_for_new_epoch(gw.app, a.server.url, epoch)
+        resynced_early = 0.0
+        for _ in range(50):  # the gateway lists the restarted pod's snapshots without waiting for a request
+            resynced_early = await metric(http, gw.url, "llamafleet_router_snapshot_resynced_total")
+            if resynced_early >= 2:
+                break
+            await asyncio.sleep(0.1)
 
         started = time.perf_counter()
         later = await chat(http, gw.url, day2.request(name, user_question(rng), max_tokens=4))
@@ -214,7 +221,8 @@ async def test_next_day_session_resumes_before_the_date_line_when_the_pod_restar
                     break
                 await asyncio.sleep(0.1)
     assert later.status == 200
-    assert resynced >= 2, "the restarted pod's snapshots were recorded again"
+    assert resynced_early >= 2, "the restarted pod's snapshots were recorded again before any request"
+    assert resynced >= 2
     branch = "restore_first_sight_detached" if slots > 1 else "restore_first_sight"
     assert later.action == f"restore/{branch}" and later.snapshot.startswith("st-"), \
         (later.action, later.snapshot)

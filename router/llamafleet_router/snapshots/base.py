@@ -28,6 +28,7 @@ class SnapshotConfig:
     first_sight_wait_s: float = 120.0
     stages: int = 4
     resync_timeout_s: float = 3.0  # a pod's first request waits at most this for its snapshots' re-listing
+    resync_interval_s: float = 0.25  # how often the gateway looks for pods to re-list without a request
 
     def __repr__(self) -> str:
         return (f"SnapshotConfig(token=***, block_chars={self.block_chars}, "
