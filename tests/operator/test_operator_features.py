@@ -152,7 +152,12 @@ async def test_auto_attach_turns_on_when_a_pod_agent_reports_the_image_supports_
             assert deploy is not None
             assert "--attach" in container(deploy, "agent")["args"]
             assert deploy["spec"]["template"]["metadata"]["annotations"][L.ATTACH] == "true"
-            status = (obj(api, FLEETS, "tiny") or {})["status"]
+            # The status is patched after the Deployment is applied: wait for it too.
+            def attached() -> dict[str, Any] | None:
+                st = (obj(api, FLEETS, "tiny") or {}).get("status") or {}
+                return st if st.get("attach") else None
+
+            status = await eventually(attached, what="status.attach")
             assert status["attach"] is True and status["cachePrefix"] is True
 
             # The old pod runs without the flag, a pod of the new template with it: membership tells apart.

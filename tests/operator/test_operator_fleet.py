@@ -99,16 +99,24 @@ async def test_network_policy_admits_gateway_and_operator_from_their_namespaces_
                 for peer in sources
             }
             assert namespaces == {"gateway": "gateways", "operator": "llamafleet-system"}
-            full = obj(api, FLEETS, "tiny")
-            assert full is not None
+            # The status is patched after the children are applied: the policy can be seen first.
+            full = await eventually(lambda: _with_status(obj(api, FLEETS, "tiny")), what="fleet status")
             conds = {c["type"]: c for c in full["status"]["conditions"]}
             assert conds["Ready"]["status"] == "False" and conds["Ready"]["reason"] == "ReplicasNotReady"
             assert conds["Progressing"]["reason"] == "ScalingUp"
             assert full["status"]["observedGeneration"] == full["metadata"]["generation"]
-            messages = [e.raw.get("message") for (res, _, _), e in api.objects.items()
+
+            def messages() -> list[Any]:
+                return [e.raw.get("message") for (res, _, _), e in api.objects.items()
                         if res == kmock.resource("v1/events") and not e.deleted]
-            assert "created Deployment tiny" in messages, messages
+
+            await eventually(lambda: "created Deployment tiny" in messages(), what="the creation event")
             assert not api.errors
+
+
+def _with_status(fleet: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The fleet once its status carries conditions (None before)."""
+    return fleet if fleet is not None and fleet.get("status", {}).get("conditions") else None
 
 
 async def test_fleet_children_updated_when_spec_changes(
