@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 
 from pydantic import SecretStr
@@ -25,6 +26,7 @@ from llamafleet_router.snapshots.cuts import (
     tokens_at,
 )
 from llamafleet_router.snapshots.first_sight import Flights
+from llamafleet_router.snapshots.resync import keep_synced
 
 BC = 256
 SYSTEM = "<|im_start|>system\n" + "Tools and rules. " * 300 + "\n\nConversation started: Monday<|im_end|>\n"
@@ -181,3 +183,37 @@ def test_held_stage_is_the_longest_snapshot_of_the_prompt_within_the_window_and_
     assert held_stage(PROMPT_TEXT, session, line - 1, [far, near], window=1024) is None  # slot holds less
     assert held_stage(PROMPT_TEXT, session, session, [far], window=1024) is None  # tail too long
     assert held_stage(PROMPT_TEXT, session, session, [other], window=1024) is None  # not this text
+
+
+async def test_keep_synced_lists_pods_without_a_request_and_survives_a_failing_round() -> None:
+    """`keep_synced` asks discovery for the pods every interval and hands them to the flow's Resync,
+    once the flow exists; a round that fails (discovery raising) does not end the loop."""
+    seen: list[list[str]] = []
+
+    class FakeResync:
+        async def ensure(self, pods: list[str]) -> None:
+            seen.append(pods)
+
+    rounds = 0
+
+    async def endpoints() -> list[str]:
+        nonlocal rounds
+        rounds += 1
+        if rounds == 2:
+            raise RuntimeError("discovery hiccup")
+        return ["pod-a"]
+
+    flow: list[FakeResync] = []  # no flow yet: the first rounds have nothing to run
+    task = asyncio.create_task(keep_synced(lambda: flow[0] if flow else None,  # type: ignore[arg-type,return-value]
+                                           endpoints, 0.01))
+    await asyncio.sleep(0.05)
+    assert seen == [] and rounds == 0
+    flow.append(FakeResync())
+    for _ in range(100):
+        if len(seen) >= 2:
+            break
+        await asyncio.sleep(0.01)
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    assert rounds >= 3 and seen[:2] == [["pod-a"], ["pod-a"]]
