@@ -8,9 +8,9 @@ Why the router cares: on the CPU backend, llama.cpp's flash-attention kernel is 
 at least `GGML_FA_TILE_Q` = 64 new tokens; a smaller batch runs the per-row kernel at about the speed of
 decoding those tokens one by one. At long context this cliff is most of a restored session's time to
 first token (tiny dense model, 14K tokens of context: 16 new tokens 190 ms, 63 tokens 700 ms, 64 tokens
-63 ms). The router applies it to attention-only pods, and to hybrid pods with no other busy slot (beside
-another session a hybrid's server splits the batch per session, which defeats the tiled path anyway).
-With a GPU device the prompt runs there, where no such cliff was measured, so the rule is off.
+63 ms). The router applies it per batch of the tail, cut where llama-server cuts it (on a hybrid pod a
+chat request's question is a batch of its own; `scheduling/decide.py`, `server_cuts`). With a GPU
+device the prompt runs there, where no such cliff was measured, so the rule is off.
 """
 
 from __future__ import annotations
