@@ -80,14 +80,19 @@ class Resync:
         try:
             fingerprint = await agent.fingerprint()
             manifests = await agent.list()
+            records = []
             for manifest in manifests:
                 if fingerprint_mismatch(manifest.fingerprint, fingerprint) is not None:
                     continue
                 ref = ref_from_manifest(manifest, ep.uid, self._config.block_chars)
-                if ref is None:
-                    continue
-                await self._index.record_snapshot(ep.model, ref, manifest.blocks)
-                recorded += 1
+                if ref is not None:
+                    records.append(self._index.record_snapshot(ep.model, ref, manifest.blocks))
+            # At once: a request may be waiting for this listing, and each record is a Redis round trip.
+            results = await asyncio.gather(*records, return_exceptions=True)
+            recorded = sum(not isinstance(r, BaseException) for r in results)
+            failed = next((r for r in results if isinstance(r, BaseException)), None)
+            if failed is not None:
+                raise failed
         except AgentError as exc:
             self._metrics.failures.labels("resync", failure_kind(exc.kind, exc.status)).inc()
             log.warning("could not list a pod's snapshots", extra={"pod": ep.url, "reason": exc.reason[:300]})
