@@ -154,11 +154,21 @@ def prompt_chars(prompt: PromptLike) -> int:
     return len(text) if isinstance(text, str) else len(prompt.blocks) * prompt.block_chars
 
 
+def load_seconds(size_bytes: float, costs: ActionCosts) -> float:
+    """Estimated time for llama-server to load a `size_bytes` snapshot file into a slot."""
+    return size_bytes / costs.restore_bytes_per_s + costs.restore_overhead_s
+
+
+def pull_seconds(size_bytes: float, costs: ActionCosts) -> float:
+    """Estimated time for a pod's agent to pull a `size_bytes` snapshot from a peer's agent."""
+    return size_bytes / costs.transfer_bytes_per_s + costs.transfer_overhead_s
+
+
 def restore_seconds(snapshot: SnapshotRef, remote: bool, costs: ActionCosts) -> float:
     """Estimated time to get `snapshot` into a slot (pull first when it lives on another pod)."""
-    seconds = snapshot.size_bytes / costs.restore_bytes_per_s + costs.restore_overhead_s
+    seconds = load_seconds(snapshot.size_bytes, costs)
     if remote:
-        seconds += snapshot.size_bytes / costs.transfer_bytes_per_s + costs.transfer_overhead_s
+        seconds += pull_seconds(snapshot.size_bytes, costs)
     return seconds
 
 

@@ -30,8 +30,10 @@ from llamafleet_core.types import Endpoint
 from llamafleet_router.scheduling.decide import (
     ActionCosts,
     batches,
+    load_seconds,
     prefill_seconds,
     prompt_chars,
+    pull_seconds,
     server_cuts,
     small_batch,
 )
@@ -125,9 +127,7 @@ class SpeedBook:
         """A restore of a `size_bytes` file into a slot of `pod_uid` (`pull`: a pull of it onto the pod)
         took `seconds`. Compared with what the configured figures predict, never the learned ones, so
         the factor does not chase itself."""
-        base = self.base
-        local = size_bytes / base.restore_bytes_per_s + base.restore_overhead_s
-        predicted = (size_bytes / base.transfer_bytes_per_s + base.transfer_overhead_s) if pull else local
+        predicted = (pull_seconds if pull else load_seconds)(size_bytes, self.base)
         if size_bytes < 0 or seconds <= 0 or predicted <= 0:
             return False
         pod = self._pod(pod_uid)

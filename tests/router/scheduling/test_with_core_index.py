@@ -46,15 +46,23 @@ async def test_routes_to_slot_recorded_in_the_core_in_memory_index() -> None:
     assert await leases.holder(slot("b", 2)) is None
 
 
-async def test_restores_core_index_snapshot_of_the_session_prefix_when_holder_is_busy() -> None:
-    """The session prefix's snapshot on pod b is restored into an idle slot of b."""
+async def _prefix_held_by_slot_2_of_b_and_snapshotted() -> tuple[PromptIdentity, SnapshotRef, Scheduler]:
+    """A core in-memory index where slot 2 of pod b holds the prompt and pod b has a 3 MB snapshot of
+    its session prefix, and a scheduler over it."""
     index = InMemoryPrefixIndex()
     prompt = identity()
     n = len(prompt.session_blocks)
     await index.record_slot(MODEL, slot("b", 2), prompt.blocks, 4000)
     snap = SnapshotRef("pfx", "uid-b", n, n * 64, 3_000_000, last_block=prompt.session_blocks[-1])
     await index.record_snapshot(MODEL, snap, prompt.session_blocks)
-    sched = Scheduler(default_config(), index=index, leases=InMemorySlotLeases(), holder_prefix="r1")
+    return prompt, snap, Scheduler(default_config(), index=index, leases=InMemorySlotLeases(),
+                                   holder_prefix="r1")
+
+
+async def test_restores_core_index_snapshot_of_the_session_prefix_when_holder_is_busy() -> None:
+    """The session prefix's snapshot on pod b is restored into an idle slot of b."""
+    prompt, snap, sched = await _prefix_held_by_slot_2_of_b_and_snapshotted()
+    n = snap.n_blocks
     d = await sched.schedule(SchedRequest("q1", MODEL, prompt), [state("a"), state("b", busy=(2,))])
     assert (d.endpoint.pod.name, d.action, d.predicted_blocks) == ("b", Action.RESTORE, n)
     assert d.slot != 2 and d.snapshot is not None and d.snapshot.name == "pfx"
@@ -64,13 +72,7 @@ async def test_the_scheduler_weighs_each_pods_learned_speeds() -> None:
     """The same session-prefix snapshot, but pod b's restores were seen taking 50 times what the
     configured figures predict: restoring it there (~0.8 s) now loses to computing the ~1,250 tokens
     (~0.6 s at 2,000 tokens/s), so the request computes."""
-    index = InMemoryPrefixIndex()
-    prompt = identity()
-    n = len(prompt.session_blocks)
-    await index.record_slot(MODEL, slot("b", 2), prompt.blocks, 4000)
-    snap = SnapshotRef("pfx", "uid-b", n, n * 64, 3_000_000, last_block=prompt.session_blocks[-1])
-    await index.record_snapshot(MODEL, snap, prompt.session_blocks)
-    sched = Scheduler(default_config(), index=index, leases=InMemorySlotLeases(), holder_prefix="r1")
+    prompt, snap, sched = await _prefix_held_by_slot_2_of_b_and_snapshotted()
     assert sched.speeds is not None
     for _ in range(2):
         sched.speeds.observe_restore("uid-b", size_bytes=snap.size_bytes, seconds=60.0)
