@@ -183,7 +183,9 @@ def create_app(
         try:
             yield
         finally:
-            for task in (watcher, resyncer):  # then the rest of the shutdown, whatever happens here
+            # Not background.cancel_and_wait: it lets a cancel of the lifespan itself through, and the
+            # shutdown below (discovery, draining, the HTTP client) must run in any case.
+            for task in (watcher, resyncer):
                 if task is not None:
                     task.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
