@@ -5,12 +5,19 @@ that means for the router's prefill cost model.
 free)` line per non-CPU device, or `  (none)`. It needs no model and exits at once, like `--help`.
 
 Why the router cares: on the CPU backend, llama.cpp's flash-attention kernel is tiled only for a batch of
-at least `GGML_FA_TILE_Q` = 64 new tokens; a smaller batch runs the per-row kernel at about the speed of
-decoding those tokens one by one. At long context this cliff is most of a restored session's time to
+at least `GGML_FA_TILE_Q` = 64 new tokens; a smaller batch runs the per-row kernel, which reads the
+whole KV cache once per new token. At long context this cliff is most of a restored session's time to
 first token (tiny dense model, 14K tokens of context: 16 new tokens 190 ms, 63 tokens 700 ms, 64 tokens
 63 ms). The router applies it per batch of the tail, cut where llama-server cuts it (on a hybrid pod a
-chat request's question is a batch of its own; `scheduling/decide.py`, `server_cuts`). With a GPU
-device the prompt runs there, where no such cliff was measured, so the rule is off.
+chat request's question is a batch of its own; `scheduling/decide.py`, `server_cuts`).
+
+Without flash attention there is no cliff: the attention is two matrix products that read the cache
+once per batch. Same model and context, `--flash-attn off`: 16 new tokens 22 ms, 63 tokens 60 ms, a
+whole 14K-token prefill 1.6x slower (7.5 s against 4.6 s; 32K tokens: 40 s). The tiny hybrid: 16
+tokens 17 ms against 112 ms. A fleet computes a prefix once and then restores it, so on CPU pods
+everything it computes per request is such a small batch: CPU fleets run flash attention off
+(`examples/local-fleet.yaml`) and the rule is off for them too. With a GPU device the prompt runs
+there, where no such cliff was measured, so the rule is off.
 """
 
 from __future__ import annotations
@@ -44,9 +51,10 @@ def parse_devices(text: str) -> list[str] | None:
     return names
 
 
-def min_batch_tokens(devices: list[str] | None) -> int | None:
-    """The cost model's `min_batch_tokens` for a build with `devices`: the CPU cliff when it has none,
-    0 with a GPU, None when unknown (keep the configured value)."""
+def min_batch_tokens(devices: list[str] | None, flash_attention: str = "on") -> int | None:
+    """The cost model's `min_batch_tokens` for a build with `devices` running pods with
+    `flash_attention`: the CPU cliff when it has no device and flash attention is on, 0 otherwise, None
+    when the devices are unknown (keep the configured value)."""
     if devices is None:
         return None
-    return 0 if devices else CPU_MIN_BATCH_TOKENS
+    return CPU_MIN_BATCH_TOKENS if not devices and flash_attention == "on" else 0

@@ -106,3 +106,25 @@ def test_bench_reliability_is_the_reliability_command(capsys: pytest.CaptureFixt
     with pytest.raises(SystemExit) as exit_:
         main(["reliability", "--help"])
     assert exit_.value.code == 0 and "llamafleet reliability" in capsys.readouterr().out
+
+
+def test_the_fleet_agrees_with_its_own_cold_reference_when_one_was_run() -> None:
+    """With a cold reference (the fleet's own server flags, run.cold_reference), the fleet's replies
+    compare with it, scenario by scenario, not with (a); the sizes it left out are not compared, and
+    the baselines still compare with (a)."""
+    data = raw()
+    fleet = data["models"]["tiny-dense"]["setups"]["llamafleet"]
+    # Cold replies equal to what the fleet answered, where (a) differs (other arithmetic).
+    def cold(run: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [reply(5.0, pieces=r["pieces"]) for r in run]
+    data["models"]["tiny-dense"]["reference"] = {
+        "as_is": [cold(run) for run in fleet["as_is"]], "declared": [cold(run) for run in fleet["declared"]],
+        "later_day": cold(fleet["later_day"])}
+    summary = report.summarize(data)["tiny-dense"]
+    assert summary["llamafleet"]["agreement"] == 1.0
+    # (3 + 1) three-session runs x 3 replies and the later day's 3, 4 pieces each: no sizes
+    assert summary["llamafleet"]["agreement_positions"] == (4 * 3 + 3) * 4
+    sglang = summary["sglang"]
+    assert sglang["agreement"] == 1.0 and sglang["agreement_positions"] == (6 * 3 + 2) * 4
+    del data["models"]["tiny-dense"]["reference"]
+    assert report.summarize(data)["tiny-dense"]["llamafleet"]["agreement"] < 1.0  # (a) it is, then

@@ -73,7 +73,8 @@ def test_resolve_detects_once_and_says_what_it_found(tmp_path: Path) -> None:
 
 
 def test_gateway_cliff_follows_the_binarys_device_list_and_stays_unset_when_unknown(tmp_path: Path) -> None:
-    """`llamafleet up` runs `--list-devices`: no GPU gives the CPU cliff, a GPU turns it off, and a binary
+    """`llamafleet up` runs `--list-devices`: no GPU gives the CPU cliff when the pods run flash attention,
+    a GPU or flash attention off turns it off, and a binary
     whose output is not a device list leaves the pipeline's own value (None)."""
     from llamafleet_core.devices import CPU_MIN_BATCH_TOKENS
     from llamafleet_local.up.resolve import server_min_batch_tokens
@@ -87,7 +88,9 @@ def test_gateway_cliff_follows_the_binarys_device_list_and_stays_unset_when_unkn
         path.chmod(path.stat().st_mode | stat.S_IXUSR)
         return path
 
-    assert server_min_batch_tokens(binary("cpu", "Available devices:\n  (none)\n")) == CPU_MIN_BATCH_TOKENS
+    cpu = binary("cpu", "Available devices:\n  (none)\n")
+    assert server_min_batch_tokens(cpu) == CPU_MIN_BATCH_TOKENS
+    assert server_min_batch_tokens(cpu, "off") == 0  # no flash attention, no tiled kernel to miss
     gpu = "Available devices:\n  CUDA0: NVIDIA L4 (22478 MiB, 22200 MiB free)\n"
     assert server_min_batch_tokens(binary("gpu", gpu)) == 0
     assert server_min_batch_tokens(binary("old", "error: unknown argument\n")) is None

@@ -21,18 +21,23 @@ def _third(runs: list[list[dict[str, Any]]], session: int = 2) -> Spread:
     return Spread.of(r[session]["ttft_s"] for r in runs if len(r) > session and r[session]["status"] == 200)
 
 
+def _runs_by_scenario(d: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """A setup's replies by scenario run ("as_is/0", "size-24000/0", "later_day", ...)."""
+    out = {f"as_is/{i}": run for i, run in enumerate(d.get("as_is", []))}
+    out |= {f"declared/{i}": run for i, run in enumerate(d.get("declared", []))}
+    out |= {f"size-{s}/{i}": run for s, runs in d.get("sizes", {}).items() for i, run in enumerate(runs)}
+    if d.get("later_day"):
+        out["later_day"] = d["later_day"]
+    return out
+
+
 def _pairs(ours: dict[str, Any], ref: dict[str, Any]) -> list[tuple[int, int]]:
     """Agreement of every reply of `ours` with the same request's reply in `ref`, where `ref` computed
-    the whole prompt (a cold run)."""
-    def runs(d: dict[str, Any]) -> list[list[dict[str, Any]]]:
-        out = [*d.get("as_is", []), *d.get("declared", [])]
-        for size in sorted(d.get("sizes", {})):
-            out += d["sizes"][size]
-        return [*out, d.get("later_day", [])]
-
+    the whole prompt (a cold run). Runs pair by scenario: a cold reference may leave some out."""
+    mine, theirs = _runs_by_scenario(ours), _runs_by_scenario(ref)
     pairs = []
-    for mine, theirs in zip(runs(ours), runs(ref), strict=False):
-        for a, b in zip(mine, theirs, strict=False):
+    for key in sorted(mine.keys() & theirs.keys()):
+        for a, b in zip(mine[key], theirs[key], strict=False):
             prompt = b["cache_n"] + b["prompt_n"]
             if b["status"] == 200 and a["status"] == 200 and prompt and b["cache_n"] <= COLD_SHARE * prompt:
                 pairs.append(agreement(a["pieces"], b["pieces"]))
@@ -79,9 +84,14 @@ def summarize(raw: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
     out: dict[str, dict[str, dict[str, Any]]] = {}
     for model, res in raw["models"].items():
         setups = res["setups"]
-        ref = setups.get("plain")
+        plain = setups.get("plain")
+        # The fleet's outputs compare with a cold run of its own command line when (a) runs other
+        # flags (run.cold_reference); the baselines' with (a).
+        refs = {kind: None if kind == "plain" else plain for kind in setups}
+        if res.get("reference") is not None and "llamafleet" in refs:
+            refs["llamafleet"] = res["reference"]
         out[model] = {
-            kind: summarize_setup(d, None if kind == "plain" else ref, int(res.get("minimum_prefill", 0)),
+            kind: summarize_setup(d, refs[kind], int(res.get("minimum_prefill", 0)),
                                   int(res["kv"]["bytes_per_token"]), sizes)
             for kind, d in setups.items()}
     return out
@@ -124,7 +134,7 @@ def _rows(sizes: list[int]) -> list[Row]:
         ("KV held in slots per session (MiB)", lambda s: s["kv_session_mib"].fmt("", 2), None),
         ("snapshot files on disk at the end (MiB)", lambda s: f"{s['snapshot_mib']:.1f}", None),
         ("decode tokens/s (one session)", lambda s: s["decode_tps"].fmt("", 0), None),
-        ("greedy output positions equal to a cold run (a)",
+        ("greedy output positions equal to a cold run (a; for (c), its own server flags when they differ)",
          lambda s: f"{s['agreement']:.1%} of {s['agreement_positions']}" if s["agreement_positions"]
          else "(reference)", None),
     ]

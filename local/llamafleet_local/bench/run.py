@@ -17,10 +17,10 @@ from typing import Any
 import httpx
 
 from llamafleet_local.bench import scenarios as sc
-from llamafleet_local.bench.client import Reply
-from llamafleet_local.bench.setups import Fleet, PlainPods
+from llamafleet_local.bench.client import Reply, stream_chat
+from llamafleet_local.bench.setups import BASELINE_FLASH_ATTENTION, Fleet, PlainPods
 from llamafleet_local.up.config import FleetConfig, parse_documents
-from llamafleet_local.up.resolve import resolve
+from llamafleet_local.up.resolve import Resolved, resolve
 from llamafleet_local.workload import (
     PREFIX_TOKENS,
     AgentProfile,
@@ -48,6 +48,8 @@ class Plan:
     slots: int = 4
     context_per_slot: int = 36_864  # 32K-token prefix plus a conversation
     threads: int = 1
+    # The fleet's pods: off on CPU (`llamafleet_core.devices`); the plain pods keep it on (setups.py).
+    flash_attention: str = "off"
     setups: tuple[str, ...] = ("plain", "sglang", "llamafleet")
 
 
@@ -71,7 +73,7 @@ def fleet_docs(model: str, plan: Plan, declared: list[AgentProfile]) -> list[dic
             "model": {"name": model, "file": f"{model}.gguf", "source": {"hostPath": "/models"}},
             "image": "llamafleet/llama-server:cpu", "replicas": plan.pods, "slots": plan.slots,
             "contextPerSlot": plan.context_per_slot, "cacheTypeK": "f16", "cacheTypeV": "f16",
-            "flashAttention": "on", "ctxCheckpoints": 128,
+            "flashAttention": plan.flash_attention, "ctxCheckpoints": 128,
         },
         "local": {"model": model, "threads": plan.threads},
     }
@@ -223,7 +225,46 @@ async def run_model(model: str, plan: Plan, run_dir: Path, say: Callable[[str], 
         finally:
             await setup.stop()
         result["setups"][kind]["seconds"] = time.perf_counter() - started
+    if "llamafleet" in plan.setups and plan.flash_attention != BASELINE_FLASH_ATTENTION:
+        assert profiles is not None
+        say(f"{model}: cold reference runs with the fleet's own command line (flash attention "
+            f"{plan.flash_attention}): greedy agreement compares like with like")
+        result["reference"] = await cold_reference(resolved, run_dir / model / "reference", profiles, model)
     return result
+
+
+async def cold_reference(resolved: Resolved, folder: Path, profiles: Profiles, model: str) -> dict[str, Any]:
+    """The 14K scenarios' requests (three sessions as they are and declared, the later day), each
+    computed cold (`cache_prompt` off) by plain servers running exactly the fleet's command line.
+
+    (a) is the agreement reference when it runs the fleet's flags. When it does not (flash attention
+    on against the fleet's off), its greedy outputs differ by arithmetic, not by anything a restore
+    did: the dense tiny model's agree at ~22% of positions at 14K tokens of context. Two servers, two
+    requests at a time; the larger sizes are left out (a 32K-token cold prefill takes ~40 s here)."""
+    setup = PlainPods("reference", resolved, folder, 2, sglang=False, flash_attention=None)
+    await setup.start()
+    try:
+        async with httpx.AsyncClient(timeout=httpx.Timeout(30.0, read=900.0)) as http:
+            lanes = asyncio.Semaphore(len(setup.servers))
+
+            async def cold(i: int, body: dict[str, Any]) -> dict[str, Any]:
+                async with lanes:
+                    server = setup.servers[i % len(setup.servers)]
+                    return (await stream_chat(http, server, {**body, "cache_prompt": False})).summary()
+
+            async def replay(bodies: list[dict[str, Any]]) -> list[dict[str, Any]]:
+                return list(await asyncio.gather(*(cold(i, b) for i, b in enumerate(bodies))))
+
+            assert profiles.day1 is not None and profiles.day2 is not None
+            return {
+                "as_is": [await replay(sc.three_bodies(p, model, f"as-is/{r}")) for r, p in
+                          enumerate(profiles.as_is)],
+                "declared": [await replay(sc.three_bodies(p, model, f"declared/{r}")) for r, p in
+                             enumerate(profiles.declared)],
+                "later_day": await replay(sc.day_bodies(profiles.day1, profiles.day2, model, "day")),
+            }
+    finally:
+        await setup.stop()
 
 
 def _kv(model: str) -> dict[str, Any]:

@@ -28,19 +28,24 @@ def questions(key: str, n: int) -> list[str]:
     return [user_question(rng) for _ in range(n)]
 
 
+def three_bodies(profile: AgentProfile, model: str, key: str) -> list[dict[str, Any]]:
+    """The request bodies of `three_sessions` (also what a cold reference replays), in session order."""
+    q = questions(key, 3)
+    return [profile.request(model, q[0], max_tokens=FIRST_TOKENS),
+            *(profile.request(model, question, max_tokens=LATER_TOKENS) for question in q[1:])]
+
+
 async def three_sessions(http: httpx.AsyncClient, url: str, profile: AgentProfile, model: str,
                          key: str) -> list[Reply]:
     """Session 1 streams; once it generates (first content event), sessions 2 and 3 start, the 3rd
     `STAGGER_S` after the 2nd. Returns the three replies in session order."""
-    q = questions(key, 3)
+    bodies = three_bodies(profile, model, key)
     generating = asyncio.Event()
-    first = asyncio.create_task(stream_chat(
-        http, url, profile.request(model, q[0], max_tokens=FIRST_TOKENS), first_content=generating))
+    first = asyncio.create_task(stream_chat(http, url, bodies[0], first_content=generating))
     await asyncio.wait_for(generating.wait(), 900)
-    second = asyncio.create_task(
-        stream_chat(http, url, profile.request(model, q[1], max_tokens=LATER_TOKENS)))
+    second = asyncio.create_task(stream_chat(http, url, bodies[1]))
     await asyncio.sleep(STAGGER_S)
-    third = await stream_chat(http, url, profile.request(model, q[2], max_tokens=LATER_TOKENS))
+    third = await stream_chat(http, url, bodies[2])
     return [await first, await second, third]
 
 
@@ -49,15 +54,22 @@ async def warm_up(http: httpx.AsyncClient, url: str, profile: AgentProfile, mode
     return await stream_chat(http, url, profile.request(model, "Say hello.", max_tokens=1))
 
 
+def day_bodies(day1: AgentProfile, day2: AgentProfile, model: str, key: str) -> list[dict[str, Any]]:
+    """The request bodies of `later_day`, in order."""
+    q = questions(key, 3)
+    return [day1.request(model, q[0], max_tokens=8), day2.request(model, q[1], max_tokens=LATER_TOKENS),
+            day2.request(model, q[2], max_tokens=FIRST_TOKENS)]
+
+
 async def later_day(http: httpx.AsyncClient, url: str, day1: AgentProfile, day2: AgentProfile, model: str,
                     key: str, restart_all: Callable[[], Any]) -> list[Reply]:
     """A day-1 session, then every pod restarts, then two day-2 sessions one after the other (the first
     finds only what survived the restart; the second may also reuse what the first left)."""
-    q = questions(key, 3)
-    replies = [await stream_chat(http, url, day1.request(model, q[0], max_tokens=8))]
+    bodies = day_bodies(day1, day2, model, key)
+    replies = [await stream_chat(http, url, bodies[0])]
     await restart_all()
-    replies.append(await stream_chat(http, url, day2.request(model, q[1], max_tokens=LATER_TOKENS)))
-    replies.append(await stream_chat(http, url, day2.request(model, q[2], max_tokens=FIRST_TOKENS)))
+    for body in bodies[1:]:
+        replies.append(await stream_chat(http, url, body))
     return replies
 
 

@@ -7,9 +7,12 @@
   with a handful of sessions (with the default of 64 every request goes to one worker: measured.md).
 - `llamafleet`: `LocalFleet` (pods with agents, the gateway in-process) over the same pods and slots.
 
-Every server runs the same renderer's argv (same `-np`, `-c`, KV types, flash attention, checkpoints,
-`-t`), so differences come from routing and snapshots, not from server settings. Each setup exposes
-`url` (where clients send) and `servers` (the llama-server URLs, for `/metrics` and `/tokenize`).
+Every server runs the same renderer's argv (same `-np`, `-c`, KV types, checkpoints, `-t`), so
+differences come from routing and snapshots, with one exception: the plain pods keep flash attention on
+(`BASELINE_FLASH_ATTENTION`, what upstream's default `auto` picks on CPU), their fastest setting for the
+full prefills they mostly do, whatever the fleet's pods run (a CPU fleet runs it off: `devices.py`).
+Each setup exposes `url` (where clients send) and `servers` (the llama-server URLs, for `/metrics` and
+`/tokenize`).
 """
 
 from __future__ import annotations
@@ -35,17 +38,24 @@ SETUPS = ("plain", "sglang", "llamafleet")
 LABELS = {"plain": "(a) llama-server", "sglang": "(b) sglang-router", "llamafleet": "(c) llamafleet"}
 
 
+BASELINE_FLASH_ATTENTION = "on"
+
+
 class PlainPods:
     """`n` llama-servers with the fleet's own command line (no agent, no router), optionally behind
     sglang-router. `restart_all()` restarts every server: their KV cache is gone, as after a rollout."""
 
-    def __init__(self, name: str, resolved: Resolved, run_dir: Path, n: int, *, sglang: bool) -> None:
+    def __init__(self, name: str, resolved: Resolved, run_dir: Path, n: int, *, sglang: bool,
+                 flash_attention: str | None = BASELINE_FLASH_ATTENTION) -> None:
+        """`flash_attention` None: exactly the fleet's command line (a cold reference for agreement)."""
         self.name = name
         self.run_dir = run_dir
         self.layouts = [layout(name, i, run_dir) for i in range(n)]
+        spec = resolved.spec if flash_attention is None else resolved.spec.model_copy(
+            update={"flash_attention": flash_attention})
         self.children = [
             Child(f"{lay.name} llama-server",
-                  server_argv(resolved.binary, resolved.spec, lay, resolved.model),
+                  server_argv(resolved.binary, spec, lay, resolved.model),
                   run_dir / f"{lay.name}.llama-server.log")
             for lay in self.layouts
         ]

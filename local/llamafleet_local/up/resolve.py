@@ -47,11 +47,12 @@ def server_features(binary: Path, timeout: float = 30.0) -> ServerFeatures | Non
     return None if text is None else parse_help(text)
 
 
-def server_min_batch_tokens(binary: Path, timeout: float = 30.0) -> int | None:
-    """`<binary> --list-devices`, as the gateway's `min_batch_tokens`: the CPU cliff when the build sees
-    no GPU, 0 with one, None when it cannot tell (the pipeline's own value then stands)."""
+def server_min_batch_tokens(binary: Path, flash_attention: str = "on", timeout: float = 30.0) -> int | None:
+    """`<binary> --list-devices`, as the gateway's `min_batch_tokens` for pods running
+    `flash_attention`: the CPU cliff when the build sees no GPU and flash attention is on, 0 otherwise,
+    None when it cannot tell (the pipeline's own value then stands)."""
     text = _output(binary, "--list-devices", timeout)
-    return None if text is None else min_batch_tokens(parse_devices(text))
+    return None if text is None else min_batch_tokens(parse_devices(text), flash_attention)
 
 
 def resolve(config: FleetConfig, say: Callable[[str], None]) -> Resolved:
@@ -71,7 +72,7 @@ def resolve(config: FleetConfig, say: Callable[[str], None]) -> Resolved:
     features = server_features(binary) if podspec.detects_features(spec) else None
     if podspec.detects_features(spec):
         say(f"llama-server prefix-sharing flags: {summary(features)}")
-    min_batch = server_min_batch_tokens(binary)
+    min_batch = server_min_batch_tokens(binary, spec.flash_attention)
     if min_batch:
         say(f"llama-server has no GPU device: the gateway weighs prefills under {min_batch} tokens as slow")
     return Resolved(binary, model, template, spec, features, min_batch)

@@ -30,8 +30,10 @@ exactly "the blocks the snapshot adds take longer to compute than the restore ta
 Why a small-batch rate: on llama.cpp's CPU backend a prompt batch of fewer than 64 new tokens takes the
 per-row attention kernel, at about decoding speed (`llamafleet_core.devices` has the figures: at 14K
 tokens of context 16 new tokens take 190 ms and 64 take 63 ms). So on a CPU fleet a restore that leaves
-140 tokens to compute beats one that leaves 20. GPU backends have no such cliff: keep 0 there.
-`llamafleet up` sets `devices.CPU_MIN_BATCH_TOKENS` when its llama-server lists no GPU device.
+140 tokens to compute beats one that leaves 20. GPU backends have no such cliff, and neither has the
+CPU backend without flash attention (how CPU fleets run: `llamafleet_core.devices`): keep 0 there.
+`llamafleet up` sets `devices.CPU_MIN_BATCH_TOKENS` when its llama-server lists no GPU device and the
+fleet runs flash attention.
 
 The rate applies per batch, and on pods that checkpoint (hybrid or SWA models) llama-server cuts the
 prompt into several batches (`server_cuts`): there the question always runs in a batch of its own, so
