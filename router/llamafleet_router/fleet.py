@@ -19,6 +19,8 @@ from llamafleet_router.errors import bad_request, model_not_found, no_pod_availa
 from llamafleet_router.metrics import RouterMetrics
 from llamafleet_router.scheduling.framework import ANY_SLOT, EndpointState
 
+_TRACKED_PODS = 4096  # pod uids (a uid changes when a pod restarts) whose slot release times are kept
+
 
 class InFlight:
     """Requests being proxied, per pod uid, and the slots they are pinned to."""
@@ -27,6 +29,8 @@ class InFlight:
         self._metrics = metrics
         self._count: Counter[str] = Counter()
         self._slots: Counter[tuple[str, int]] = Counter()
+        self._released: dict[str, dict[int, int]] = {}  # uid -> slot -> release sequence number
+        self._seq = 0
 
     def begin(self, uid: str, pod_label: str, slot: int) -> None:
         self._count[uid] += 1
@@ -42,6 +46,13 @@ class InFlight:
             self._slots[(uid, slot)] -= 1
             if self._slots[(uid, slot)] <= 0:
                 del self._slots[(uid, slot)]
+            self._seq += 1
+            released = self._released.get(uid)
+            if released is None:
+                if len(self._released) >= _TRACKED_PODS:  # pods come and go: forget the oldest seen
+                    del self._released[next(iter(self._released))]
+                released = self._released[uid] = {}
+            released[slot] = self._seq
         self._metrics.in_flight.labels(pod_label).dec()
 
     def count(self, uid: str) -> int:
@@ -52,6 +63,10 @@ class InFlight:
 
     def busy_slots(self, uid: str) -> frozenset[int]:
         return frozenset(slot for (pod, slot), n in self._slots.items() if pod == uid and n > 0)
+
+    def last_used(self, uid: str) -> dict[int, int]:
+        """When each slot of the pod was last released (sequence numbers, larger is later): a copy."""
+        return dict(self._released.get(uid, ()))
 
 
 def served_models(pods: Sequence[PodStatus]) -> list[str]:
@@ -94,6 +109,7 @@ def endpoint_states(
         EndpointState(
             endpoint=pod.endpoint,
             busy_slots=in_flight.busy_slots(pod.endpoint.uid),
+            slot_last_used=in_flight.last_used(pod.endpoint.uid),
             in_flight=in_flight.count(pod.endpoint.uid),
             healthy=True,
         )

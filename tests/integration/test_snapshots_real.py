@@ -108,6 +108,7 @@ async def test_concurrent_sessions_reuse_the_prefix_when_on_one_pod_and_on_two_p
 
         # Another agent (other tools and rules): nothing of the first part's stages helps it.
         other = make_profile(WorkloadSpec(prefix_chars=BIG, day=DAY, seed=77, workspace="/home/dev/other"))
+        before = {p.name for p in a.files()}  # the first agent's, saved when pod a was alone
         async with gateway([a.spec, b.spec], redis_url, prefix=f"s2{name}", agent_token=TOKEN) as gw:
             two = await _three_sessions(http, gw.url, other, name, rng, during_prefill=True)
             waiters = await metric(http, gw.url, "llamafleet_router_snapshot_first_sight_total",
@@ -116,6 +117,26 @@ async def test_concurrent_sessions_reuse_the_prefix_when_on_one_pod_and_on_two_p
                                    role="leader")
             pulled = await metric(http, gw.url, "llamafleet_router_snapshot_restores_total",
                                   source="peer", result="ok")
+            # Every snapshot first sight saved is copied to the other pod in the background
+            # (snapshots/ship.py), so that later sessions there restore it without a pull.
+            def on(pod: AgentPod) -> set[str]:
+                return {p.name for p in pod.files()} - before
+            for _ in range(200):
+                if on(a) == on(b):
+                    break
+                await asyncio.sleep(0.05)
+            shipped = await metric(http, gw.url, "llamafleet_router_snapshot_ships_total", result="ok")
+            assert on(a) == on(b), (on(a), on(b))
+            assert any(n.startswith("fs-") for n in on(a)) and shipped >= 1, (on(a), shipped)
+        # Pod b's own copy serves a later session there, with no peer to pull from: a gateway over pod b
+        # alone finds it in b's listing.
+        async with gateway([b.spec], redis_url, prefix=f"s3{name}", agent_token=TOKEN) as gw:
+            later = await chat(http, gw.url, other.request(name, user_question(rng), max_tokens=8))
+            local = await metric(http, gw.url, "llamafleet_router_snapshot_restores_total",
+                                 source="local", result="ok")
+        assert later.status == 200 and later.action.startswith("restore/") and local == 1, later
+        assert later.snapshot in {n.removesuffix(".bin") for n in on(b)}, (later.snapshot, on(b))
+        assert later.cache_n >= 0.95 * _prefix_tokens(two[0]), later
         assert all(x.status == 200 for x in two), two
         for x in two[1:]:
             assert x.cache_n >= 0.95 * _prefix_tokens(two[0]), (x.action, x.cache_n, two[0].prompt_tokens)
@@ -126,9 +147,10 @@ async def test_concurrent_sessions_reuse_the_prefix_when_on_one_pod_and_on_two_p
         assert leaders == 1 and [x.action.startswith("compute/") for x in two].count(True) == 1, layout
         assert waiters >= 1, ("a later session started while the prefix was being built", layout)
         # Where sessions 2 and 3 land depends on timing (a stage snapshot saved early is local to pod a
-        # and preferred); a session on the other pod can only reuse the prefix by pulling it.
+        # and preferred); a session on the other pod reuses the prefix by pulling it, or by restoring
+        # a copy already shipped there.
         on_b = [x for x in two if x.pod == b.server.url]
-        assert not on_b or pulled >= 1, ([x.pod for x in two], pulled)
+        assert not on_b or pulled + shipped >= 1, ([x.pod for x in two], pulled, shipped)
         assert all(x.action.startswith("restore/") for x in two[1:] if x.pod == b.server.url), two
 
 

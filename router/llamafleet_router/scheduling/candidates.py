@@ -11,9 +11,13 @@ pod the candidates are:
 - every slot a `SlotNominator` plugin names (session affinity's last slot), each on its own;
 - one representative of the slots nothing is known about (the "no prefix here" choice).
 
-The representative of a group is its lowest slot id, which is what the `max-score` picker's "order"
-tie-break would have picked among equals. When its lease is taken by another router replica, the
-scheduler tries the group's next slots (`with_spares`), as scoring every slot would have.
+The representative of a group is the slot this router released longest ago (`EndpointState.
+slot_last_used`; never used first, then the lowest slot id): overwriting a slot loses what it held beyond
+this prompt, and the slot used longest ago is the least likely to be continued. With the lowest id
+instead, sessions of one agent took each other's slots between two turns: on the 50-session mixed
+workload the next turn then computed its whole conversation again. When the representative's lease is
+taken by another router replica, the scheduler tries the group's other slots in the same order
+(`with_spares`), as scoring every slot would have.
 """
 
 from __future__ import annotations
@@ -41,6 +45,14 @@ def slot_groups(lookup: Lookup, nominated: Iterable[SlotRef]) -> Groups:
     return groups
 
 
+def _by_age(state: EndpointState, slots: Iterable[int]) -> list[int]:
+    """`slots`, the one this router released longest ago first (never released first, by id)."""
+    used = state.slot_last_used
+    if not used:
+        return sorted(slots)
+    return sorted(slots, key=lambda slot: (used.get(slot, -1), slot))
+
+
 def candidates(survivors: Sequence[EndpointState], groups: Groups, *, idle_only: bool) -> list[Candidate]:
     """One candidate per (pod, group): idle slots only when `idle_only`, else every slot (queueing)."""
     out: list[Candidate] = []
@@ -49,28 +61,29 @@ def candidates(survivors: Sequence[EndpointState], groups: Groups, *, idle_only:
         mine = groups.get(s.endpoint.pod.uid)
         if not mine:
             if slots:
-                out.append(Candidate(s, slots[0]))
+                out.append(Candidate(s, _by_age(s, slots)[0] if s.slot_last_used else slots[0]))
             continue
         n, busy = s.endpoint.n_slots, s.busy_slots if idle_only else frozenset()
         seen: set[int] = set()
-        for slot in sorted(mine):
+        for slot in _by_age(s, mine):
             group = mine[slot]
             if group not in seen and 0 <= slot < n and slot not in busy:
                 seen.add(group)
                 out.append(Candidate(s, slot))
-        rep = next((slot for slot in slots if slot not in mine), None)
-        if rep is not None:
-            out.append(Candidate(s, rep))
+        rest = [slot for slot in slots if slot not in mine]
+        if rest:
+            out.append(Candidate(s, _by_age(s, rest)[0]))
     return out
 
 
 def with_spares(c: Candidate, groups: Groups) -> Iterator[Candidate]:
-    """`c`, then the later idle slots of its pod in the same group (they score the same)."""
+    """`c`, then the other idle slots of its pod in the same group (they score the same), oldest
+    released first."""
     yield c
     mine = groups.get(c.key.pod_uid, {})
     group = mine.get(c.slot, 0)
     if group < 0:  # a nominated slot stands only for itself
         return
-    for slot in c.state.idle_slots:
-        if slot > c.slot and mine.get(slot, 0) == group:
+    for slot in _by_age(c.state, c.state.idle_slots):
+        if slot != c.slot and mine.get(slot, 0) == group:
             yield Candidate(c.state, slot)

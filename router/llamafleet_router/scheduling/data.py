@@ -93,6 +93,10 @@ class EndpointState:
     queue_depth: int = 0  # requests waiting on the pod (deferred tasks)
     in_flight: int = 0
     healthy: bool = True
+    # When each slot was last released by this router (a sequence number: larger is more recent; slots
+    # never used are absent). Among slots that score alike, the one used longest ago is overwritten
+    # first, so a conversation between two turns keeps its slot (candidates.py).
+    slot_last_used: Mapping[int, int] = field(default_factory=dict, compare=False)
     # Computed once at construction: filters and scorers read it per request, often per candidate.
     idle_slots: tuple[int, ...] = field(init=False, repr=False, compare=False)
 

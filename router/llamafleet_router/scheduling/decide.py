@@ -195,10 +195,17 @@ def usable_snapshots(
 
 
 def best_restore(
-    prompt: PromptLike, endpoint: Endpoint, held: int, lookup: Lookup, costs: ActionCosts
+    prompt: PromptLike, endpoint: Endpoint, held: int, lookup: Lookup, costs: ActionCosts, others: int = 0
 ) -> SnapshotRef | None:
     """The snapshot after whose restore the prompt is ready soonest, if that beats computing from the
     `held` blocks the slot gives; None otherwise.
+
+    `others`: requests in flight on the pod besides this one. llama-server computes a prompt in the
+    same batches as their next tokens, so every second of prefill delays each of them by about as
+    much, while a restore stalls them only while the server reads the file (not during its pull or
+    the agent's round trips). Both sides are weighed with that delay: on a busy pod a restore wins where it
+    merely ties on time alone, and the pod computes fewer tokens (the 50-session mixed workload: ~40
+    tokens of a head computed again for each session landing on a slot of another workspace's head).
 
     Only snapshots covering more than `held` are weighed: a slot holding more than any snapshot (a
     conversation's own slot) is used as it is, even where its new turn runs at the small-batch rate,
@@ -211,9 +218,9 @@ def best_restore(
     end = n_chars / costs.chars_per_token
     cuts = server_cuts(prompt, endpoint, costs)
 
-    def after(chars: float) -> float:  # seconds to compute the prompt from `chars` on, batch by batch
-        start = min(chars, n_chars) / costs.chars_per_token
-        return sum(prefill_seconds(n, costs, context=end) for n in batches(start, end, cuts))
+    def after(chars: float) -> float:  # seconds to compute the prompt from `chars` on, batch by batch,
+        start = min(chars, n_chars) / costs.chars_per_token  # and the delay that is to the others
+        return (1 + others) * sum(prefill_seconds(n, costs, context=end) for n in batches(start, end, cuts))
 
     best_time = after(held * block_chars)
     for snap, remote in usable_snapshots(prompt, endpoint, lookup):
@@ -224,7 +231,8 @@ def best_restore(
         covered = snap.n_chars if snap.n_chars and snap.text_hash else snap.n_blocks * block_chars
         if covered <= 0:
             continue
-        seconds = restore_seconds(snap, remote, costs) + after(covered)
+        stall = others * snap.size_bytes / costs.restore_bytes_per_s  # while the server loads the file
+        seconds = restore_seconds(snap, remote, costs) + stall + after(covered)
         # Ties: prefer the local one, then the larger, then by name, so replicas agree.
         if seconds < best_time or (
             best is not None and seconds == best_time and _prefer(snap, best, endpoint.pod.uid)
@@ -239,14 +247,15 @@ def _prefer(a: SnapshotRef, b: SnapshotRef, uid: str) -> bool:
 
 
 def choose_action(
-    prompt: PromptLike, endpoint: Endpoint, slot: int, lookup: Lookup, costs: ActionCosts
+    prompt: PromptLike, endpoint: Endpoint, slot: int, lookup: Lookup, costs: ActionCosts, others: int = 0
 ) -> ActionChoice:
-    """Pure: what to do with the picked slot (see the module docstring for the rules)."""
+    """Pure: what to do with the picked slot (see the module docstring for the rules); `others`: the
+    requests in flight on the pod besides this one (`best_restore`)."""
     # The index only knows prefixes of this chain, but never predict more than the prompt has.
     total = len(prompt.blocks)
     held = min(held_blocks(lookup, endpoint, slot, prompt), total)
     if costs.restore_enabled:
-        snap = best_restore(prompt, endpoint, held, lookup, costs)
+        snap = best_restore(prompt, endpoint, held, lookup, costs, others)
         if snap is not None:
             return ActionChoice(Action.RESTORE, snap, min(snap.n_blocks, total), "restore")
     pod_best = min(resumable(pod_best_blocks(lookup, endpoint.pod.uid), endpoint, prompt), total)

@@ -234,7 +234,8 @@ class Scheduler:
             branch = "session_affinity" if affinity else "degraded_hash"
             return Decision(c.endpoint, c.slot, Action.DIRECT, None, 0, branch, holder)
         costs = self.config.decision if self.speeds is None else self.speeds.costs(c.endpoint.pod.uid)
-        choice = choose_action(req.prompt, c.endpoint, c.slot, state.read(LOOKUP, Lookup()), costs)
+        choice = choose_action(req.prompt, c.endpoint, c.slot, state.read(LOOKUP, Lookup()), costs,
+                               others=c.state.in_flight)
         branch = "session_affinity" if choice.branch == "cold" and affinity else choice.branch
         return Decision(
             c.endpoint, c.slot, choice.action, choice.snapshot, choice.predicted_blocks, branch, holder

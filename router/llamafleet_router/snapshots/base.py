@@ -29,6 +29,7 @@ class SnapshotConfig:
     stages: int = 4
     resync_timeout_s: float = 3.0  # a pod's first request waits at most this for its snapshots' re-listing
     resync_interval_s: float = 0.25  # how often the gateway looks for pods to re-list without a request
+    ship: bool = True  # copy what first sight saves to the model's other pods (ship.py)
 
     def __repr__(self) -> str:
         return (f"SnapshotConfig(token=***, block_chars={self.block_chars}, "
@@ -49,6 +50,7 @@ class SnapshotConfig:
             token=token, block_chars=settings.block_chars,
             first_sight_min_chars=settings.first_sight_min_chars,
             first_sight_wait_s=settings.first_sight_wait_s, stages=settings.snapshot_stages,
+            ship=settings.ship_snapshots,
         )
 
 
@@ -61,7 +63,7 @@ class SnapshotMetrics:
         )
         self.failures = Counter(
             p + "failures_total", "Snapshot operations that failed and fell back to computing, by "
-            "operation (pull, restore, prefill, save, resync) and the agent's failure kind.",
+            "operation (pull, restore, prefill, save, resync, ship) and the agent's failure kind.",
             ["op", "kind"], registry=registry,
         )
         self.saves = Counter(
@@ -72,6 +74,10 @@ class SnapshotMetrics:
             p + "first_sight_total", "Requests whose session prefix the fleet had not seen, by role: "
             "leader (prefilled and saved it) or waiter (waited for the leader's snapshot).", ["role"],
             registry=registry,
+        )
+        self.ships = Counter(
+            p + "ships_total", "Snapshots first sight saved, copied to another pod of the model in the "
+            "background, by result (ok, failed).", ["result"], registry=registry,
         )
         self.resynced = Counter(
             p + "resynced_total", "Snapshots recorded again from an agent's listing (pod (re)appeared).",

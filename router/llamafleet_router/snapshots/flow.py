@@ -42,6 +42,7 @@ from llamafleet_router.snapshots.detached import DETACH_MAX_TAIL_CHARS, BorrowSl
 from llamafleet_router.snapshots.first_sight import Flights, Prompt, StagedPrefill, StageFlights, StageKeys
 from llamafleet_router.snapshots.restore import Restored, RestoreExecutor
 from llamafleet_router.snapshots.resync import Resync
+from llamafleet_router.snapshots.ship import Shipper
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,11 @@ class SnapshotFlow:
         self.restorer = RestoreExecutor(http=http, index=index, token=config.token, metrics=metrics,
                                         tasks=tasks, speeds=speeds)
         self.staged = StagedPrefill(http=http, index=index, config=config, metrics=metrics)
+        self._pods: Sequence[PodStatus] = ()  # the fleet as the latest request saw it: where copies go
+        if config.ship:
+            self.shipper = Shipper(http=http, index=index, token=config.token, metrics=metrics, tasks=tasks,
+                                   peers=self._peers)
+            self.staged.on_recorded = self.shipper.ship
         self.resync = Resync(http=http, index=index, config=config, metrics=metrics)
         self.flights = Flights()
         self.stage_flights = StageFlights(self.flights, config)
@@ -78,6 +84,7 @@ class SnapshotFlow:
             return decision
 
     async def _prepare(self, req: SchedRequest, decision: Decision, pods: Sequence[PodStatus]) -> Decision:
+        self._pods = pods
         target = decision.endpoint
         if decision.slot == ANY_SLOT or decision.branch == "queued" or target.agent_url is None:
             return decision
@@ -162,6 +169,11 @@ class SnapshotFlow:
                            predicted_blocks=session_blocks, branch="restore_first_sight")
         return replace(decision, action=Action.COMPUTE, snapshot=None, predicted_blocks=session_blocks,
                        branch="first_sight")
+
+    def _peers(self, model: str) -> dict[str, str]:
+        """Ready pods of `model` with an agent: pod uid -> agent URL."""
+        return {p.endpoint.uid: p.endpoint.agent_url for p in self._pods
+                if p.ready and p.model == model and p.endpoint.agent_url}
 
     def _finish(self, key: tuple[str, str], stages: StageKeys, ref: SnapshotRef | None) -> None:
         self.stage_flights.finish(stages)

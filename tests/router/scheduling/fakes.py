@@ -83,6 +83,7 @@ def state(
     queue: int = 0,
     in_flight: int | None = None,
     healthy: bool = True,
+    last_used: dict[int, int] | None = None,
     **kw: object,
 ) -> EndpointState:
     ep = endpoint(name, **kw)  # type: ignore[arg-type]
@@ -92,6 +93,7 @@ def state(
         queue_depth=queue,
         in_flight=len(busy) if in_flight is None else in_flight,
         healthy=healthy,
+        slot_last_used=last_used or {},
     )
 
 

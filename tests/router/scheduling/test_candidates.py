@@ -88,3 +88,34 @@ async def test_next_slot_of_the_group_is_leased_when_another_replica_holds_the_f
     sched = Scheduler(CONFIG, index=FakeIndex(), leases=leases, holder_prefix="r")
     d = await sched.schedule(request(), [state("a", n_slots=4), state("b", n_slots=4, in_flight=3)])
     assert (d.endpoint.pod.name, d.slot) == ("a", 1)
+
+
+def test_the_slot_released_longest_ago_stands_for_its_group() -> None:
+    """Two slots hold the same run of this prompt (two sessions of one agent, between turns): the one
+    released longest ago is offered, so the newer conversation keeps its slot; among the slots holding
+    nothing of it, one never used goes first. Spares follow in the same order."""
+    pod = state("a", n_slots=6, last_used={0: 9, 1: 4, 3: 7, 4: 2})
+    groups = slot_groups(Lookup(slots={slot("a", 0): 5, slot("a", 1): 5}), ())
+    assert [c.slot for c in candidates([pod], groups, idle_only=True)] == [1, 2]
+    assert [c.slot for c in with_spares(Candidate(pod, 1), groups)] == [1, 0]
+    assert [c.slot for c in with_spares(Candidate(pod, 2), groups)] == [2, 5, 4, 3]
+
+
+def test_in_flight_remembers_when_each_slot_was_released() -> None:
+    """The gateway's own bookkeeping feeds `slot_last_used`: later releases get larger numbers, a busy
+    slot keeps its previous release, and pods are kept apart."""
+    from prometheus_client import CollectorRegistry
+
+    from llamafleet_router.fleet import InFlight
+    from llamafleet_router.metrics import RouterMetrics
+
+    flight = InFlight(RouterMetrics(CollectorRegistry()))
+    for uid, n in [("a", 2), ("a", 0), ("b", 0), ("a", 2)]:
+        flight.begin(uid, uid, n)
+        flight.end(uid, uid, n)
+    used = flight.last_used("a")
+    assert set(used) == {0, 2} and used[2] > used[0] and set(flight.last_used("b")) == {0}
+    flight.begin("a", "a", 0)
+    assert flight.last_used("a") == used  # still busy: not released again yet
+    used.clear()
+    assert flight.last_used("a")  # a copy: the caller cannot change the bookkeeping

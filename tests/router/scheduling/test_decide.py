@@ -50,6 +50,20 @@ def test_direct_when_restore_costs_more_than_the_blocks_it_adds() -> None:
     )
 
 
+def test_a_restore_that_ties_on_time_wins_on_a_pod_busy_with_other_requests() -> None:
+    """Alone, computing 2 blocks (128 tokens, 64 ms) beats an 88 ms restore. With 2 other requests on the
+    pod, those 64 ms of prefill delay both of them too, while the restore stalls them only for the
+    8 ms the server reads the file: the restore wins, and the pod computes 128 fewer tokens."""
+    lookup = Lookup(slots={slot("b", 1): 28}, snapshots=(snapshot("s", "b", 30),))
+    costs = ActionCosts(restore_overhead_s=0.08)
+    assert choose_action(PROMPT, endpoint("b"), 1, lookup, costs).action is Action.DIRECT
+    busy = choose_action(PROMPT, endpoint("b"), 1, lookup, costs, others=2)
+    assert busy.action is Action.RESTORE and busy.snapshot is not None and busy.snapshot.name == "s"
+    # A restore that is slow for its bytes stalls the others too: then computing stays.
+    heavy = Lookup(slots={slot("b", 1): 28}, snapshots=(snapshot("s", "b", 30, size_bytes=60_000_000),))
+    assert choose_action(PROMPT, endpoint("b"), 1, heavy, costs, others=2).action is Action.DIRECT
+
+
 def test_compute_for_partial_slot_when_a_busier_slot_of_the_pod_holds_more() -> None:
     """The slot holds 5 of the 30 blocks another slot holds and there is no snapshot: compute the rest."""
     lookup = Lookup(slots={slot("b", 0): 30, slot("b", 1): 5})

@@ -43,6 +43,7 @@ def fleets(draw: st.DrawFn) -> list[EndpointState]:
                 in_flight=draw(st.integers(0, 50)),
                 agent=draw(st.booleans()),
                 attach=draw(st.booleans()),
+                last_used=draw(st.dictionaries(st.integers(0, n_slots - 1), st.integers(0, 100))),
             )
         )
     return out

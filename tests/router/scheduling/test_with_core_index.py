@@ -76,5 +76,7 @@ async def test_the_scheduler_weighs_each_pods_learned_speeds() -> None:
     assert sched.speeds is not None
     for _ in range(2):
         sched.speeds.observe_restore("uid-b", size_bytes=snap.size_bytes, seconds=60.0)
-    d = await sched.schedule(SchedRequest("q1", MODEL, prompt), [state("b", busy=(2,))])
+    # Slot 2 is busy with another replica's request (none of this one's: a prefill here would delay
+    # nobody this replica knows of, see decide.best_restore).
+    d = await sched.schedule(SchedRequest("q1", MODEL, prompt), [state("b", busy=(2,), in_flight=0)])
     assert (d.action, d.snapshot) == (Action.COMPUTE, None)

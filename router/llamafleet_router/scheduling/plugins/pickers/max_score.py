@@ -3,8 +3,11 @@
 Type: `max-score`
 Parameters:
   - `tie_break` ("order" or "random", default "order"): how equal totals are ordered.
-    "order" sorts ties by (pod uid, slot): reproducible, and every router replica agrees, which keeps
-    sessions of one prefix together when scores carry no signal. "random" shuffles ties with a
+    "order" sorts ties by pod uid, then within a pod the slot this router released longest ago first
+    (`EndpointState.slot_last_used`: overwriting it loses the least recent conversation; never used
+    first), then slot id: reproducible, and replicas agree on the pod, which keeps sessions of one
+    prefix together when scores carry no signal. The slot candidates stand for their groups the same
+    way (`candidates.py`). "random" shuffles ties with a
     `random.Random(seed)` owned by the plugin: spreads identical cold requests, reproducible per seed.
   - `seed` (int or null, default null): seed for "random"; null seeds from the OS.
 Consumes: the scored candidates (weighted totals computed by the scheduler).
@@ -53,7 +56,9 @@ class MaxScorePicker:
             jitter = [self._rng.random() for _ in ordered]
             ranked = sorted(zip(ordered, jitter, strict=True), key=lambda p: (-round(p[0].total, 9), p[1]))
             return [s for s, _ in ranked]
-        return sorted(scored, key=lambda s: (-round(s.total, 9), s.candidate.key.pod_uid, s.candidate.slot))
+        return sorted(scored, key=lambda s: (-round(s.total, 9), s.candidate.key.pod_uid,
+                                             s.candidate.state.slot_last_used.get(s.candidate.slot, -1),
+                                             s.candidate.slot))
 
 
 SPEC = PluginSpec(
