@@ -109,8 +109,8 @@ class RouterSettings(BaseSettings):
     first_sight_wait_s: float = Field(default=120.0, ge=0)
     #: Most stage snapshots (the last line, the paragraphs before it, special tokens) per new session prefix.
     snapshot_stages: int = Field(default=4, ge=0)
-    #: Copy every snapshot first sight saves to the model's other pods in the background, so that their
-    #: next session of that prefix restores it without a pull (`snapshots/ship.py`).
+    #: Copy a snapshot in the background to a pod whose session would have used it had it been there, so
+    #: that the next session of that prefix on that pod restores it without a pull (`snapshots/ship.py`).
     ship_snapshots: bool = True
 
     @field_validator("pods", "fleets", mode="before")

@@ -7,7 +7,6 @@ when the gateway's answer names it (`x-llamafleet-snapshot`); a damaged one must
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import signal
 import time
@@ -81,25 +80,6 @@ async def _hold(bed: Bed, pod: int, take: bool) -> None:
             await leases.release(ref, OTHER_REPLICA)
 
 
-async def _unship(bed: Bed, pod: int, names: set[str]) -> None:
-    """Wait for the gateway's background copies of `names` to pod `pod` (snapshots/ship.py), then drop
-    them there, file and index entry, as its agent's byte budget would: the scenario is about a pull
-    on the request path, and a shipped copy would serve the next session with no pull at all."""
-    assert bed.fleet.index is not None
-    index, target = bed.fleet.index.index, bed.pod(pod)
-    uid = target.layout.llama_url
-
-    async def shipped() -> bool:
-        return names <= {s.name for s in await index.snapshots(bed.model, uid)}
-
-    await until(shipped, 10.0)  # a gateway that does not ship (LLAMAFLEET_ROUTER_SHIP_SNAPSHOTS off) waits
-    agent = AgentClient(target.layout.agent_url, bed.http, bed.fleet.agent_token)
-    for name in names:
-        with contextlib.suppress(AgentError):
-            await agent.delete(name)
-        await index.forget_snapshot(bed.model, name, uid)
-
-
 async def kill_agent(bed: Bed, rounds: int = 2) -> ScenarioResult:
     """A session prefix snapshotted on pod X (first sight); X's slots held by another replica, so the
     next session goes to pod Y, whose agent pulls the snapshot from X's agent: X's agent is frozen,
@@ -123,7 +103,6 @@ async def kill_agent(bed: Bed, rounds: int = 2) -> ScenarioResult:
 
         await until(saved, 10.0)
         names = {s.name for s in await index.snapshots(bed.model, source.layout.llama_url)}
-        await _unship(bed, y, names)
         await _hold(bed, x, True)
         kill(source.agent.pid, signal.SIGSTOP)
         try:

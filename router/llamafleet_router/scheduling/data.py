@@ -192,6 +192,9 @@ class Decision:
     predicted_blocks: int
     branch: str
     lease_holder: str | None = None
+    # A snapshot on another pod that would have given this pod more than what it uses now, had it been
+    # here (`decide.wanted_here`): the snapshot flow copies it here in the background for the next one.
+    wanted: SnapshotRef | None = None
 
     @property
     def slot_ref(self) -> SlotRef:

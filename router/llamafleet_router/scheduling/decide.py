@@ -89,6 +89,7 @@ class ActionChoice:
     snapshot: SnapshotRef | None
     predicted_blocks: int
     branch: str
+    wanted: SnapshotRef | None = None  # see `wanted_here`
 
 
 # Token counts here are estimates from characters (`chars_per_token`). The text right before and after
@@ -228,7 +229,7 @@ def best_restore(
             continue
         # The snapshot's exact text past its last whole block counts: of two snapshots ending in the
         # same block, the longer leaves less to compute (the session prefix beats a stage just before).
-        covered = snap.n_chars if snap.n_chars and snap.text_hash else snap.n_blocks * block_chars
+        covered = covered_chars(snap, block_chars)
         if covered <= 0:
             continue
         stall = others * snap.size_bytes / costs.restore_bytes_per_s  # while the server loads the file
@@ -238,6 +239,31 @@ def best_restore(
             best is not None and seconds == best_time and _prefer(snap, best, endpoint.pod.uid)
         ):
             best, best_time = snap, seconds
+    return best
+
+
+def covered_chars(snap: SnapshotRef, block_chars: int) -> int:
+    """How much of a prompt extending `snap` it holds: its exact text when known, else whole blocks."""
+    return snap.n_chars if snap.n_chars and snap.text_hash else snap.n_blocks * block_chars
+
+
+def wanted_here(
+    prompt: PromptLike, endpoint: Endpoint, lookup: Lookup, used_chars: int
+) -> SnapshotRef | None:
+    """The snapshot on another pod, with no copy on this one, that covers the most of this prompt beyond
+    `used_chars` (what the chosen action starts from); None when there is none.
+
+    The cost model may rightly prefer computing a few tokens here to pulling it on the request path;
+    a copy made in the background serves the next session of this prefix on this pod without either.
+    Copying on demand, not every snapshot to every pod, keeps each pod's disk for what its own
+    sessions use, and keeps a burst of sessions on the pod that just built their prefix."""
+    here = {s.name for s in lookup.snapshots if s.pod_uid == endpoint.pod.uid}
+    best: SnapshotRef | None = None
+    for snap, remote in usable_snapshots(prompt, endpoint, lookup):
+        chars = covered_chars(snap, prompt.block_chars)
+        if remote and snap.name not in here and chars > used_chars and (
+                best is None or chars > covered_chars(best, prompt.block_chars)):
+            best = snap
     return best
 
 
@@ -254,12 +280,15 @@ def choose_action(
     # The index only knows prefixes of this chain, but never predict more than the prompt has.
     total = len(prompt.blocks)
     held = min(held_blocks(lookup, endpoint, slot, prompt), total)
+    wanted = None
     if costs.restore_enabled:
         snap = best_restore(prompt, endpoint, held, lookup, costs, others)
+        used = covered_chars(snap, prompt.block_chars) if snap is not None else held * prompt.block_chars
+        wanted = wanted_here(prompt, endpoint, lookup, used) if lookup.snapshots else None
         if snap is not None:
-            return ActionChoice(Action.RESTORE, snap, min(snap.n_blocks, total), "restore")
+            return ActionChoice(Action.RESTORE, snap, min(snap.n_blocks, total), "restore", wanted)
     pod_best = min(resumable(pod_best_blocks(lookup, endpoint.pod.uid), endpoint, prompt), total)
     if held > 0 and held >= pod_best:
         own = slot_blocks(lookup, endpoint.pod.uid, slot)
-        return ActionChoice(Action.DIRECT, None, held, "slot_hit" if own >= held else "pod_hit")
-    return ActionChoice(Action.COMPUTE, None, held, "cold")
+        return ActionChoice(Action.DIRECT, None, held, "slot_hit" if own >= held else "pod_hit", wanted)
+    return ActionChoice(Action.COMPUTE, None, held, "cold", wanted)

@@ -238,7 +238,8 @@ class Scheduler:
                                others=c.state.in_flight)
         branch = "session_affinity" if choice.branch == "cold" and affinity else choice.branch
         return Decision(
-            c.endpoint, c.slot, choice.action, choice.snapshot, choice.predicted_blocks, branch, holder
+            c.endpoint, c.slot, choice.action, choice.snapshot, choice.predicted_blocks, branch, holder,
+            wanted=choice.wanted,
         )
 
     def _queued(

@@ -29,7 +29,7 @@ class SnapshotConfig:
     stages: int = 4
     resync_timeout_s: float = 3.0  # a pod's first request waits at most this for its snapshots' re-listing
     resync_interval_s: float = 0.25  # how often the gateway looks for pods to re-list without a request
-    ship: bool = True  # copy what first sight saves to the model's other pods (ship.py)
+    ship: bool = True  # copy a snapshot to a pod whose sessions want it, in the background (ship.py)
 
     def __repr__(self) -> str:
         return (f"SnapshotConfig(token=***, block_chars={self.block_chars}, "
@@ -76,8 +76,8 @@ class SnapshotMetrics:
             registry=registry,
         )
         self.ships = Counter(
-            p + "ships_total", "Snapshots first sight saved, copied to another pod of the model in the "
-            "background, by result (ok, failed).", ["result"], registry=registry,
+            p + "ships_total", "Snapshots copied in the background to a pod whose sessions wanted them, by "
+            "result (ok, failed).", ["result"], registry=registry,
         )
         self.resynced = Counter(
             p + "resynced_total", "Snapshots recorded again from an agent's listing (pod (re)appeared).",

@@ -146,8 +146,6 @@ class StagedPrefill:
         self._index = index
         self._config = config
         self._metrics = metrics
-        # Called with (model, snapshot, blocks) once a saved snapshot is recorded: the flow ships it.
-        self.on_recorded: Callable[[str, SnapshotRef, Sequence[str]], None] | None = None
 
     async def build(
         self, prompt: Prompt, target: Endpoint, slot: int, *, start_tokens: int, extra_cuts: Sequence[int],
@@ -223,9 +221,6 @@ class StagedPrefill:
             await self._index.record_snapshot(prompt.model, ref, blocks)
         except Exception as exc:  # the file exists; a later resync records it
             self._fail("record", "index", str(exc))
-        else:
-            if self.on_recorded is not None:
-                self.on_recorded(prompt.model, ref, blocks)
         log.info("snapshot saved", extra={"snapshot": name, "kind": kind, "pod": target.url, "slot": slot,
                                           "n_tokens": manifest.n_tokens, "bytes": manifest.size})
         return ref

@@ -61,11 +61,7 @@ class SnapshotFlow:
         self.restorer = RestoreExecutor(http=http, index=index, token=config.token, metrics=metrics,
                                         tasks=tasks, speeds=speeds)
         self.staged = StagedPrefill(http=http, index=index, config=config, metrics=metrics)
-        self._pods: Sequence[PodStatus] = ()  # the fleet as the latest request saw it: where copies go
-        if config.ship:
-            self.shipper = Shipper(http=http, index=index, token=config.token, metrics=metrics, tasks=tasks,
-                                   peers=self._peers)
-            self.staged.on_recorded = self.shipper.ship
+        self.shipper = Shipper(http=http, index=index, token=config.token, metrics=metrics, tasks=tasks)
         self.resync = Resync(http=http, index=index, config=config, metrics=metrics)
         self.flights = Flights()
         self.stage_flights = StageFlights(self.flights, config)
@@ -84,11 +80,13 @@ class SnapshotFlow:
             return decision
 
     async def _prepare(self, req: SchedRequest, decision: Decision, pods: Sequence[PodStatus]) -> Decision:
-        self._pods = pods
         target = decision.endpoint
         if decision.slot == ANY_SLOT or decision.branch == "queued" or target.agent_url is None:
             return decision
         agents = {p.endpoint.uid: p.endpoint.agent_url for p in pods if p.endpoint.agent_url}
+        if decision.wanted is not None and self.config.ship:
+            self.shipper.ship(req.model, decision.wanted, req.prompt.blocks[: decision.wanted.n_blocks],
+                              target, agents)
         restored: Restored | None = None
         failed: SnapshotRef | None = None
         if decision.action is Action.RESTORE and decision.snapshot is not None:
@@ -169,11 +167,6 @@ class SnapshotFlow:
                            predicted_blocks=session_blocks, branch="restore_first_sight")
         return replace(decision, action=Action.COMPUTE, snapshot=None, predicted_blocks=session_blocks,
                        branch="first_sight")
-
-    def _peers(self, model: str) -> dict[str, str]:
-        """Ready pods of `model` with an agent: pod uid -> agent URL."""
-        return {p.endpoint.uid: p.endpoint.agent_url for p in self._pods
-                if p.ready and p.model == model and p.endpoint.agent_url}
 
     def _finish(self, key: tuple[str, str], stages: StageKeys, ref: SnapshotRef | None) -> None:
         self.stage_flights.finish(stages)

@@ -64,6 +64,21 @@ def test_a_restore_that_ties_on_time_wins_on_a_pod_busy_with_other_requests() ->
     assert choose_action(PROMPT, endpoint("b"), 1, heavy, costs, others=2).action is Action.DIRECT
 
 
+def test_a_remote_snapshot_that_would_have_given_more_is_wanted_here_unless_a_copy_is() -> None:
+    """Pulling 1 GB loses to computing 2 blocks, so the slot is used directly; the snapshot is named as
+    wanted on this pod (the flow copies it in the background). A copy already here is not wanted, and
+    neither is a remote snapshot giving no more than what the choice starts from."""
+    big = snapshot("big", "a", 30, size_bytes=10**9)
+    choice = choose_action(PROMPT, endpoint("b"), 1, Lookup(slots={slot("b", 1): 28}, snapshots=(big,)),
+                           ActionCosts())
+    assert (choice.action, choice.wanted) == (Action.DIRECT, big)
+    copy = snapshot("big", "b", 30, size_bytes=10**9)
+    both = Lookup(slots={slot("b", 1): 28}, snapshots=(big, copy))
+    assert choose_action(PROMPT, endpoint("b"), 1, both, ActionCosts()).wanted is None
+    short = Lookup(slots={slot("b", 1): 28}, snapshots=(snapshot("s", "a", 20),))
+    assert choose_action(PROMPT, endpoint("b"), 1, short, ActionCosts()).wanted is None
+
+
 def test_compute_for_partial_slot_when_a_busier_slot_of_the_pod_holds_more() -> None:
     """The slot holds 5 of the 30 blocks another slot holds and there is no snapshot: compute the rest."""
     lookup = Lookup(slots={slot("b", 0): 30, slot("b", 1): 5})
