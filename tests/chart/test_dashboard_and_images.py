@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry
 from llamafleet_agent.metrics import AgentMetrics
 from llamafleet_local import helm as tools
 from llamafleet_router.metrics import RouterMetrics
+from llamafleet_router.snapshots.base import SnapshotMetrics
 from tests.chart.conftest import CHART, ROOT, Helm, Manifest, by_kind
 
 DASHBOARD = CHART / "dashboards" / "llamafleet.json"
@@ -20,9 +21,11 @@ SUFFIXES = {"counter": ("_total",), "gauge": ("",), "histogram": ("_bucket", "_s
 
 
 def exported_series() -> set[str]:
-    """Every series name the gateway and the agent export (counters with _total, histograms' parts)."""
+    """Every series name the gateway (with snapshots on) and the agent export (counters with _total,
+    histograms' parts)."""
     registry = CollectorRegistry()
     RouterMetrics(registry)
+    SnapshotMetrics(registry)  # the gateway's, registered when snapshots are on
     AgentMetrics(registry)
     return {f.name + s for f in registry.collect() for s in SUFFIXES.get(f.type, ("",))}
 

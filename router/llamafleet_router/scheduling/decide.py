@@ -196,7 +196,8 @@ def usable_snapshots(
 
 
 def best_restore(
-    prompt: PromptLike, endpoint: Endpoint, held: int, lookup: Lookup, costs: ActionCosts, others: int = 0
+    prompt: PromptLike, endpoint: Endpoint, held: int, lookup: Lookup, costs: ActionCosts, others: int = 0,
+    usable: list[tuple[SnapshotRef, bool]] | None = None,
 ) -> SnapshotRef | None:
     """The snapshot after whose restore the prompt is ready soonest, if that beats computing from the
     `held` blocks the slot gives; None otherwise.
@@ -224,7 +225,7 @@ def best_restore(
         return (1 + others) * sum(prefill_seconds(n, costs, context=end) for n in batches(start, end, cuts))
 
     best_time = after(held * block_chars)
-    for snap, remote in usable_snapshots(prompt, endpoint, lookup):
+    for snap, remote in usable if usable is not None else usable_snapshots(prompt, endpoint, lookup):
         if min(snap.n_blocks, total) <= held:
             continue
         # The snapshot's exact text past its last whole block counts: of two snapshots ending in the
@@ -248,7 +249,8 @@ def covered_chars(snap: SnapshotRef, block_chars: int) -> int:
 
 
 def wanted_here(
-    prompt: PromptLike, endpoint: Endpoint, lookup: Lookup, used_chars: int
+    prompt: PromptLike, endpoint: Endpoint, lookup: Lookup, used_chars: int,
+    usable: list[tuple[SnapshotRef, bool]] | None = None,
 ) -> SnapshotRef | None:
     """The snapshot on another pod, with no copy on this one, that covers the most of this prompt beyond
     `used_chars` (what the chosen action starts from); None when there is none.
@@ -259,7 +261,7 @@ def wanted_here(
     sessions use, and keeps a burst of sessions on the pod that just built their prefix."""
     here = {s.name for s in lookup.snapshots if s.pod_uid == endpoint.pod.uid}
     best: SnapshotRef | None = None
-    for snap, remote in usable_snapshots(prompt, endpoint, lookup):
+    for snap, remote in usable if usable is not None else usable_snapshots(prompt, endpoint, lookup):
         chars = covered_chars(snap, prompt.block_chars)
         if remote and snap.name not in here and chars > used_chars and (
                 best is None or chars > covered_chars(best, prompt.block_chars)):
@@ -281,10 +283,12 @@ def choose_action(
     total = len(prompt.blocks)
     held = min(held_blocks(lookup, endpoint, slot, prompt), total)
     wanted = None
-    if costs.restore_enabled:
-        snap = best_restore(prompt, endpoint, held, lookup, costs, others)
+    if costs.restore_enabled and lookup.snapshots:
+        # Checking that the prompt extends a snapshot hashes up to the whole prompt: once per decision.
+        usable = list(usable_snapshots(prompt, endpoint, lookup))
+        snap = best_restore(prompt, endpoint, held, lookup, costs, others, usable)
         used = covered_chars(snap, prompt.block_chars) if snap is not None else held * prompt.block_chars
-        wanted = wanted_here(prompt, endpoint, lookup, used) if lookup.snapshots else None
+        wanted = wanted_here(prompt, endpoint, lookup, used, usable)
         if snap is not None:
             return ActionChoice(Action.RESTORE, snap, min(snap.n_blocks, total), "restore", wanted)
     pod_best = min(resumable(pod_best_blocks(lookup, endpoint.pod.uid), endpoint, prompt), total)

@@ -36,7 +36,10 @@ from llamafleet_router.snapshots.base import SnapshotMetrics, failure_kind
 
 log = logging.getLogger(__name__)
 
-_REMEMBERED = 4096  # (snapshot, pod) copies made or under way that are not started again
+# (snapshot, pod) copies made, under way or failed, not started again: a failed copy is left to the
+# request path (which can still pull it), so that a dead peer does not draw a copy attempt per request.
+_REMEMBERED = 4096
+
 
 class Shipper:
     def __init__(
@@ -70,7 +73,6 @@ class Shipper:
             try:
                 manifest = await AgentClient(agent_url, self._http, self._token).pull(ref.name, source)
             except AgentError as exc:
-                self._started.discard((ref.name, uid))
                 self._metrics.ships.labels("failed").inc()
                 self._metrics.failures.labels("ship", failure_kind(exc.kind, exc.status)).inc()
                 log.info("snapshot not shipped",
