@@ -61,7 +61,7 @@ class SnapshotFlow:
         self.restorer = RestoreExecutor(http=http, index=index, token=config.token, metrics=metrics,
                                         tasks=tasks, speeds=speeds)
         self.staged = StagedPrefill(http=http, index=index, config=config, metrics=metrics)
-        self.shipper = Shipper(http=http, index=index, token=config.token, metrics=metrics, tasks=tasks)
+        self.shipper = Shipper(restorer=self.restorer, metrics=metrics, tasks=tasks)
         self.resync = Resync(http=http, index=index, config=config, metrics=metrics)
         self.flights = Flights()
         self.stage_flights = StageFlights(self.flights, config)

@@ -83,11 +83,10 @@ class RestoreExecutor:
                 return self._failed(source, "pull", "no_peer_agent", "the snapshot's pod has no known agent",
                                     snap, model)
             try:
-                manifest = await here.pull(snap.name, peer_url)
+                local = await self.pull(snap, target.uid, target.agent_url, peer_url)
             except AgentError as exc:
                 return self._failed(source, "pull", failure_kind(exc.kind, exc.status), exc.reason, snap,
                                     model)
-            local = replace(snap, pod_uid=target.uid, size_bytes=manifest.size, n_tokens=manifest.n_tokens)
         pulled = time.perf_counter()
         try:
             result = await here.restore(snap.name, slot)
@@ -104,7 +103,7 @@ class RestoreExecutor:
         self._metrics.restore_seconds.labels(source).observe(seconds)
         if remote:
             # The target now has the file too: later requests restore it there without a pull.
-            self._tasks.spawn(self._record(model, local, blocks[: snap.n_blocks]), name="record-pulled")
+            self._tasks.spawn(self.record(model, local, blocks[: snap.n_blocks]), name="record-pulled")
         log.info("snapshot restored", extra={
             "snapshot": snap.name, "pod": target.url, "slot": slot, "source": source,
             "n_tokens": result.n_tokens, "restore_ms": round(result.restore_ms, 2),
@@ -125,11 +124,21 @@ class RestoreExecutor:
             self._tasks.spawn(self._forget(model, snap), name="forget-snapshot")
         return RestoreFailure(op, kind, reason)
 
-    async def _record(self, model: str, snap: SnapshotRef, blocks: Sequence[str]) -> None:
+    async def pull(self, snap: SnapshotRef, uid: str, agent_url: str, peer_url: str) -> SnapshotRef:
+        """Have the agent at `agent_url` (pod `uid`) fetch and verify `snap` from the agent at
+        `peer_url`; the copy as it now exists there. Raises AgentError."""
+        manifest = await self.agent(agent_url).pull(snap.name, peer_url)
+        return replace(snap, pod_uid=uid, size_bytes=manifest.size, n_tokens=manifest.n_tokens)
+
+    async def record(self, model: str, snap: SnapshotRef, blocks: Sequence[str]) -> bool:
+        """Record a pulled copy in the index; False (logged) when the index refused it: the file is
+        there, and the pod's next resync records it."""
         try:
             await self._index.record_snapshot(model, snap, blocks)
         except Exception as exc:
             log.warning("recording a pulled snapshot failed", extra={"error": str(exc)})
+            return False
+        return True
 
     async def _forget(self, model: str, snap: SnapshotRef) -> None:
         try:

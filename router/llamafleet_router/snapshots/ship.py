@@ -24,15 +24,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 
-import httpx
-
-from llamafleet_core.agent_client import AgentClient, AgentError
-from llamafleet_core.index.base import PrefixIndex
+from llamafleet_core.agent_client import AgentError
 from llamafleet_core.types import Endpoint, SnapshotRef
 from llamafleet_router.background import TaskSet
 from llamafleet_router.snapshots.base import SnapshotMetrics, failure_kind
+from llamafleet_router.snapshots.restore import RestoreExecutor
 
 log = logging.getLogger(__name__)
 
@@ -42,13 +39,10 @@ _REMEMBERED = 4096
 
 
 class Shipper:
-    def __init__(
-        self, *, http: httpx.AsyncClient, index: PrefixIndex, token: str, metrics: SnapshotMetrics,
-        tasks: TaskSet,
-    ) -> None:
-        self._http = http
-        self._index = index
-        self._token = token
+    """Background copies, made with the restore path's own pull and record (`RestoreExecutor`)."""
+
+    def __init__(self, *, restorer: RestoreExecutor, metrics: SnapshotMetrics, tasks: TaskSet) -> None:
+        self._restorer = restorer
         self._metrics = metrics
         self._tasks = tasks
         self._one_at_a_time = asyncio.Semaphore(1)  # copies never crowd the pulls requests wait for
@@ -57,7 +51,7 @@ class Shipper:
     def ship(self, model: str, ref: SnapshotRef, blocks: Sequence[str], target: Endpoint,
              agents: Mapping[str, str]) -> None:
         """Start copying `ref` to `target` (pod uid -> agent URL in `agents` names its source), unless
-        a copy there is already made or under way."""
+        a copy there is already made, under way or failed."""
         source, key = agents.get(ref.pod_uid), (ref.name, target.uid)
         if source is None or target.agent_url is None or target.uid == ref.pod_uid or key in self._started:
             return
@@ -71,18 +65,13 @@ class Shipper:
                     source: str) -> None:
         async with self._one_at_a_time:
             try:
-                manifest = await AgentClient(agent_url, self._http, self._token).pull(ref.name, source)
+                local = await self._restorer.pull(ref, uid, agent_url, source)
             except AgentError as exc:
                 self._metrics.ships.labels("failed").inc()
                 self._metrics.failures.labels("ship", failure_kind(exc.kind, exc.status)).inc()
                 log.info("snapshot not shipped",
                          extra={"snapshot": ref.name[:80], "reason": exc.reason[:300]})
                 return
-        local = replace(ref, pod_uid=uid, size_bytes=manifest.size, n_tokens=manifest.n_tokens)
-        try:
-            await self._index.record_snapshot(model, local, blocks)
-        except Exception as exc:  # the file is there; the pod's next resync records it
-            log.warning("recording a shipped snapshot failed", extra={"error": str(exc)})
-            return
-        self._metrics.ships.labels("ok").inc()
-        log.info("snapshot shipped", extra={"snapshot": ref.name, "pod": uid, "bytes": manifest.size})
+        if await self._restorer.record(model, local, blocks):
+            self._metrics.ships.labels("ok").inc()
+            log.info("snapshot shipped", extra={"snapshot": ref.name, "pod": uid, "bytes": local.size_bytes})
