@@ -47,10 +47,16 @@ def slot_groups(lookup: Lookup, nominated: Iterable[SlotRef]) -> Groups:
 
 def _by_age(state: EndpointState, slots: Iterable[int]) -> list[int]:
     """`slots`, the one this router released longest ago first (never released first, by id)."""
-    used = state.slot_last_used
-    if not used:
+    if not state.slot_last_used:
         return sorted(slots)
-    return sorted(slots, key=lambda slot: (used.get(slot, -1), slot))
+    return sorted(slots, key=lambda slot: (state.released_at(slot), slot))
+
+
+def _oldest(state: EndpointState, slots: Sequence[int]) -> int:
+    """The first of `_by_age(state, slots)`, for `slots` in ascending order (non-empty)."""
+    if not state.slot_last_used:
+        return slots[0]
+    return min(slots, key=lambda slot: (state.released_at(slot), slot))
 
 
 def candidates(survivors: Sequence[EndpointState], groups: Groups, *, idle_only: bool) -> list[Candidate]:
@@ -61,7 +67,7 @@ def candidates(survivors: Sequence[EndpointState], groups: Groups, *, idle_only:
         mine = groups.get(s.endpoint.pod.uid)
         if not mine:
             if slots:
-                out.append(Candidate(s, _by_age(s, slots)[0] if s.slot_last_used else slots[0]))
+                out.append(Candidate(s, _oldest(s, slots)))
             continue
         n, busy = s.endpoint.n_slots, s.busy_slots if idle_only else frozenset()
         seen: set[int] = set()
@@ -72,7 +78,7 @@ def candidates(survivors: Sequence[EndpointState], groups: Groups, *, idle_only:
                 out.append(Candidate(s, slot))
         rest = [slot for slot in slots if slot not in mine]
         if rest:
-            out.append(Candidate(s, _by_age(s, rest)[0]))
+            out.append(Candidate(s, _oldest(s, rest)))
     return out
 
 

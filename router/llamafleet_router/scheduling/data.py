@@ -114,6 +114,11 @@ class EndpointState:
     def load(self) -> int:
         return self.in_flight + self.queue_depth
 
+    def released_at(self, slot: int) -> int:
+        """When this router last released `slot` (-1: never): the order slots that score alike are
+        overwritten in, oldest first (candidates.py, the max-score picker)."""
+        return self.slot_last_used.get(slot, -1)
+
 
 class StateKey(Generic[T]):
     """A typed key of the CycleState; the type parameter ties writers and readers together for mypy."""

@@ -196,11 +196,11 @@ def usable_snapshots(
 
 
 def best_restore(
-    prompt: PromptLike, endpoint: Endpoint, held: int, lookup: Lookup, costs: ActionCosts, others: int = 0,
-    usable: list[tuple[SnapshotRef, bool]] | None = None,
+    prompt: PromptLike, endpoint: Endpoint, held: int, usable: list[tuple[SnapshotRef, bool]],
+    costs: ActionCosts, others: int = 0,
 ) -> SnapshotRef | None:
-    """The snapshot after whose restore the prompt is ready soonest, if that beats computing from the
-    `held` blocks the slot gives; None otherwise.
+    """Of the `usable_snapshots`, the one after whose restore the prompt is ready soonest, if that beats
+    computing from the `held` blocks the slot gives; None otherwise.
 
     `others`: requests in flight on the pod besides this one. llama-server computes a prompt in the
     same batches as their next tokens, so every second of prefill delays each of them by about as
@@ -225,7 +225,7 @@ def best_restore(
         return (1 + others) * sum(prefill_seconds(n, costs, context=end) for n in batches(start, end, cuts))
 
     best_time = after(held * block_chars)
-    for snap, remote in usable if usable is not None else usable_snapshots(prompt, endpoint, lookup):
+    for snap, remote in usable:
         if min(snap.n_blocks, total) <= held:
             continue
         # The snapshot's exact text past its last whole block counts: of two snapshots ending in the
@@ -249,19 +249,18 @@ def covered_chars(snap: SnapshotRef, block_chars: int) -> int:
 
 
 def wanted_here(
-    prompt: PromptLike, endpoint: Endpoint, lookup: Lookup, used_chars: int,
-    usable: list[tuple[SnapshotRef, bool]] | None = None,
+    prompt: PromptLike, usable: list[tuple[SnapshotRef, bool]], used_chars: int
 ) -> SnapshotRef | None:
-    """The snapshot on another pod, with no copy on this one, that covers the most of this prompt beyond
-    `used_chars` (what the chosen action starts from); None when there is none.
+    """Of the `usable_snapshots`, the one on another pod, with no copy on this one, that covers the
+    most of this prompt beyond `used_chars` (what the chosen action starts from); None when none does.
 
     The cost model may rightly prefer computing a few tokens here to pulling it on the request path;
     a copy made in the background serves the next session of this prefix on this pod without either.
     Copying on demand, not every snapshot to every pod, keeps each pod's disk for what its own
     sessions use, and keeps a burst of sessions on the pod that just built their prefix."""
-    here = {s.name for s in lookup.snapshots if s.pod_uid == endpoint.pod.uid}
+    here = {snap.name for snap, remote in usable if not remote}  # a copy holds the same text
     best: SnapshotRef | None = None
-    for snap, remote in usable if usable is not None else usable_snapshots(prompt, endpoint, lookup):
+    for snap, remote in usable:
         chars = covered_chars(snap, prompt.block_chars)
         if remote and snap.name not in here and chars > used_chars and (
                 best is None or chars > covered_chars(best, prompt.block_chars)):
@@ -286,9 +285,9 @@ def choose_action(
     if costs.restore_enabled and lookup.snapshots:
         # Checking that the prompt extends a snapshot hashes up to the whole prompt: once per decision.
         usable = list(usable_snapshots(prompt, endpoint, lookup))
-        snap = best_restore(prompt, endpoint, held, lookup, costs, others, usable)
+        snap = best_restore(prompt, endpoint, held, usable, costs, others)
         used = covered_chars(snap, prompt.block_chars) if snap is not None else held * prompt.block_chars
-        wanted = wanted_here(prompt, endpoint, lookup, used, usable)
+        wanted = wanted_here(prompt, usable, used)
         if snap is not None:
             return ActionChoice(Action.RESTORE, snap, min(snap.n_blocks, total), "restore", wanted)
     pod_best = min(resumable(pod_best_blocks(lookup, endpoint.pod.uid), endpoint, prompt), total)

@@ -56,9 +56,10 @@ class MaxScorePicker:
             jitter = [self._rng.random() for _ in ordered]
             ranked = sorted(zip(ordered, jitter, strict=True), key=lambda p: (-round(p[0].total, 9), p[1]))
             return [s for s, _ in ranked]
-        return sorted(scored, key=lambda s: (-round(s.total, 9), s.candidate.key.pod_uid,
-                                             s.candidate.state.slot_last_used.get(s.candidate.slot, -1),
-                                             s.candidate.slot))
+        def order(s: ScoredCandidate) -> tuple[float, str, int, int]:
+            c = s.candidate
+            return -round(s.total, 9), c.key.pod_uid, c.state.released_at(c.slot), c.slot
+        return sorted(scored, key=order)
 
 
 SPEC = PluginSpec(
