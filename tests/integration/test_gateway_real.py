@@ -86,7 +86,7 @@ async def test_sessions_reuse_the_prefix_on_their_slots_when_sent_through_the_ga
 async def test_the_gateway_learns_a_pods_prefill_speed_from_its_answers(fleet: Fleet, redis_url: str) -> None:
     """Two cold prompts (other agents: nothing to reuse) on one pod: the full-batch rate the cost model
     learned for the pod (`llamafleet_router_pod_speed`) lies between the two rates the server reported
-    in its `timings`."""
+    in its `timings` (within the few percent the learner's small-batch correction moves it)."""
     rng = random.Random(5)
     pod = fleet.urls[0]
     rates: list[float] = []
@@ -103,7 +103,10 @@ async def test_the_gateway_learns_a_pods_prefill_speed_from_its_answers(fleet: F
             if learned:
                 break
             await asyncio.sleep(0.1)
-    assert min(rates) * 0.999 <= learned <= max(rates) * 1.001, (learned, rates)
+    # The learner takes the small batches' estimated time off before it divides (speeds.py), so its
+    # sample sits a little above the raw rate when a prompt ends in a small batch: a few percent of
+    # slack, against a configured rate (2,000 tokens/s) several times off what these pods compute.
+    assert min(rates) * 0.97 <= learned <= max(rates) * 1.05, (learned, rates)
 
 
 async def test_two_gateway_replicas_agree_and_never_pin_one_slot_twice(
