@@ -2,12 +2,16 @@
 and text completions, JSON or SSE) in microseconds, so that thousands of generated requests cost seconds.
 
 What is fuzzed is the gateway's own parsing, auth, scheduling and proxying; what llama-server does with
-a body is the real-server tests' business. The fake records the `id_slot` of every body it received.
+a body is the real-server tests' business. The fake records the `id_slot` of every body it received, and
+every request it was asked (`Hit`). Any route the real server has beyond the ones above (`POST /props`,
+`/slots/0`, `/tokenize`, ...) is answered by a catch-all with 200: a request the gateway should never
+have forwarded then shows up as a success, not as a 404/405 that a surface test would accept.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from starlette.applications import Starlette
@@ -23,10 +27,27 @@ TEMPLATE = (
 MODEL = "fake"
 SLOTS = 2
 TIMINGS = {"cache_n": 0, "prompt_n": 12, "predicted_n": 2, "prompt_ms": 1.0, "predicted_ms": 1.0}
+#: Set by the test harness (served.py) on requests the gateway's HTTP client sends outside any client
+#: request: discovery's polls. The gateway never forwards a client's headers, so a client cannot forge it.
+BACKGROUND = "x-fake-pod-background"
+_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 
 
-def fake_pod(received: list[dict[str, Any]], hits: list[str] | None = None) -> ASGIApp:
-    """The fake; `received` collects inference bodies, `hits` every "METHOD path" the pod was asked."""
+@dataclass(frozen=True)
+class Hit:
+    """One request the pod was asked: method, raw target (path and query string, undecoded), and
+    whether the gateway sent it on its own, outside a client request."""
+
+    method: str
+    target: str
+    background: bool
+
+    def __str__(self) -> str:
+        return f"{'background ' if self.background else ''}{self.method} {self.target}"
+
+
+def fake_pod(received: list[dict[str, Any]], hits: list[Hit] | None = None) -> ASGIApp:
+    """The fake; `received` collects inference bodies, `hits` every request the pod was asked."""
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
@@ -60,16 +81,25 @@ def fake_pod(received: list[dict[str, Any]], hits: list[str] | None = None) -> A
                                           "finish_reason": "stop"}],
                              "timings": TIMINGS, "id_slot": slot, "object": "chat.completion"})
 
+    async def anything_else(request: Request) -> Response:
+        return JSONResponse({"caught": f"{request.method} {request.url.path}"})
+
     app = Starlette(routes=[
         Route("/health", health), Route("/props", props), Route("/slots", slots),
         Route("/v1/chat/completions", infer, methods=["POST"]),
         Route("/v1/completions", infer, methods=["POST"]),
         Route("/v1/messages", infer, methods=["POST"]),
+        # Last: Starlette prefers a route matching path and method over one matching the path only.
+        Route("/{rest:path}", anything_else, methods=_METHODS),
     ])
 
     async def recorded(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and hits is not None:
-            hits.append(f"{scope['method']} {scope['path']}")
+            raw = scope.get("raw_path") or scope["path"].encode()
+            query = scope.get("query_string", b"")
+            target = (raw + (b"?" + query if query else b"")).decode("latin-1")
+            background = any(k.decode("latin-1").lower() == BACKGROUND for k, _ in scope["headers"])
+            hits.append(Hit(scope["method"], target, background))
         await app(scope, receive, send)
 
     return recorded

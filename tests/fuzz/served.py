@@ -3,30 +3,59 @@
 schemathesis and hypothesis drive requests synchronously; the gateway and the fake pod run on their own
 event loop in a background thread, on loopback ports, so the real proxy path (aiohttp upstream, SSE
 relay) is what gets fuzzed. `on_loop(fn)` reads the gateway's state on its own loop (leak checks).
+
+The gateway's HTTP client marks what it sends outside any client request (`fake_pod.BACKGROUND`): the
+fake pod can then tell discovery's own polls from anything a client's request made the gateway send,
+without trusting paths (a forwarded `GET /slots` looks just like a poll).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+import httpx
 from pydantic import SecretStr
 from starlette.applications import Starlette
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from llamafleet_core.index.memory import InMemoryPrefixIndex, InMemorySlotLeases
 from llamafleet_router.app import create_app
 from llamafleet_router.discovery.static import StaticDiscovery
 from llamafleet_router.inprocess import serve
 from llamafleet_router.settings import RouterSettings
-from tests.fuzz.fake_pod import fake_pod
+from tests.fuzz.fake_pod import BACKGROUND, Hit, fake_pod
 
 T = TypeVar("T")
 API_KEY = "fuzz-secret-key-0123456789"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
+# Set for the whole handling of one client request, and inherited by the tasks it starts.
+_IN_CLIENT_REQUEST: contextvars.ContextVar[bool] = contextvars.ContextVar("in_client_request", default=False)
+
+
+def mark_background(http: httpx.AsyncClient) -> httpx.AsyncClient:
+    """Have `http`, the app's own client (the proxy's too), mark every request it sends outside a client
+    request: discovery's polls. A request sent with it while handling a client request stays unmarked."""
+    async def mark(request: httpx.Request) -> None:
+        if not _IN_CLIENT_REQUEST.get():
+            request.headers[BACKGROUND] = "1"
+
+    http.event_hooks = {**http.event_hooks, "request": [*http.event_hooks["request"], mark]}
+    return http
+
+
+def client_requests_marked(app: ASGIApp) -> ASGIApp:
+    async def marked(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            _IN_CLIENT_REQUEST.set(True)  # this task's context only: uvicorn runs each request in a task
+        await app(scope, receive, send)
+
+    return marked
 
 
 def gateway_app(pod_url: str, *, max_body_bytes: int = 256 * 1024) -> Starlette:
@@ -34,8 +63,8 @@ def gateway_app(pod_url: str, *, max_body_bytes: int = 256 * 1024) -> Starlette:
                               max_body_bytes=max_body_bytes)
     app = create_app(
         settings, index=InMemoryPrefixIndex(), leases=InMemorySlotLeases(),
-        discovery=lambda http, fence: StaticDiscovery(settings.pod_specs, http, poll_interval=0.2,
-                                                      fence=fence, startup_timeout=5.0),
+        discovery=lambda http, fence: StaticDiscovery(settings.pod_specs, mark_background(http),
+                                                      poll_interval=0.2, fence=fence, startup_timeout=5.0),
     )
     return app
 
@@ -46,7 +75,7 @@ class Served:
     pod_url: str = ""
     app: Any = None
     received: list[dict[str, Any]] = field(default_factory=list)
-    hits: list[str] = field(default_factory=list)  # every "METHOD path" the fake pod was asked
+    hits: list[Hit] = field(default_factory=list)  # every request the fake pod was asked
     loop: asyncio.AbstractEventLoop | None = None
 
     def on_loop(self, fn: Callable[[], T]) -> T:
@@ -86,7 +115,7 @@ def served_gateway(**kwargs: Any) -> Iterator[Served]:
             async with serve(fake_pod(served.received, served.hits)) as pod_url:
                 served.pod_url = pod_url
                 served.app = gateway_app(pod_url, **kwargs)
-                async with serve(served.app) as url:
+                async with serve(client_requests_marked(served.app)) as url:
                     served.url = url
                     ready.set()
                     await stop.wait()

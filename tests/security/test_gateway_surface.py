@@ -6,6 +6,11 @@
   route registered in llama.cpp's server sources (read from the pinned tree, so a new upstream route is
   tested the day it appears) answers the gateway's own 404/405 or its own handler, and the pod never
   sees the request, whatever the path tricks (dot segments, encoded slashes, double slashes).
+
+The fake pod answers every route 200 (a catch-all for those it does not implement), so a forwarded
+request fails both checks: the pod's record and the status. The only requests the record may show are
+discovery's own polls, known by method, exact target and the mark the harness puts on what the gateway
+sends outside a client request (served.py).
 """
 
 from __future__ import annotations
@@ -18,12 +23,21 @@ import httpx
 import pytest
 
 from llamafleet_local.llama_build import source_dir
+from tests.fuzz.fake_pod import Hit
 from tests.fuzz.served import API_KEY, AUTH, Served, served_gateway
 
 INFERENCE = {"/v1/chat/completions", "/v1/completions", "/v1/messages"}
 OWN = {"/health", "/metrics", "/v1/models", "/openapi.json"}  # served by the gateway itself
 _ROUTE = re.compile(r'ctx_http\.(get|post|put|del)\s*\(\s*"([^"]+)"')
 CHAT = {"model": "fake", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
+# What discovery sends (discovery/static.py): GET /health and /props while a pod is down, GET /slots
+# while it is up; nothing else, and never a query string.
+DISCOVERY = {("GET", "/health"), ("GET", "/props"), ("GET", "/slots")}
+
+
+def forwarded(hits: list[Hit]) -> list[Hit]:
+    """The requests a client's request made the gateway send: all but discovery's own polls."""
+    return [h for h in hits if not (h.background and (h.method, h.target) in DISCOVERY)]
 
 
 def llama_server_routes() -> list[tuple[str, str]]:
@@ -48,6 +62,21 @@ def served() -> Iterator[Served]:
 def client() -> Iterator[httpx.Client]:
     with httpx.Client(timeout=10) as c:
         yield c
+
+
+def test_discovery_polls_are_the_only_requests_the_pod_sees_on_its_own(served: Served) -> None:
+    """The filter above removes what it should and no more: discovery's polls arrive marked and are
+    exactly the DISCOVERY requests, a forwarded inference request arrives unmarked, and the fake pod
+    answers a route it does not implement (POST /props) with 200 and records it."""
+    resp = httpx.post(served.url + "/v1/chat/completions", json=CHAT, headers=AUTH, timeout=10)
+    assert resp.status_code == 200
+    polls = [h for h in served.hits if h.background]
+    assert {(h.method, h.target) for h in polls} == {("GET", "/health"), ("GET", "/props"), ("GET", "/slots")}
+    assert Hit("POST", "/v1/chat/completions", False) in served.hits
+    before = len(served.hits)
+    direct = httpx.post(served.pod_url + "/props?x=1", json={}, timeout=10)
+    assert direct.status_code == 200
+    assert forwarded(served.hits[before:]) == [Hit("POST", "/props?x=1", False)]
 
 
 def test_the_route_list_is_read_from_llama_server_sources() -> None:
@@ -80,8 +109,8 @@ def test_a_clients_id_slot_never_reaches_the_pod(served: Served) -> None:
                           headers=AUTH, timeout=10)
         assert resp.status_code == 200, (client_slot, resp.text)
         router_slot = int(resp.headers["x-llamafleet-slot"])
-        forwarded = served.received[before:]
-        assert [b["id_slot"] for b in forwarded] == [router_slot], (client_slot, forwarded)
+        bodies = served.received[before:]
+        assert [b["id_slot"] for b in bodies] == [router_slot], (client_slot, bodies)
         assert resp.json()["id_slot"] == router_slot  # what the pod answered
 
 
@@ -95,10 +124,10 @@ def test_no_llama_server_route_but_inference_reaches_the_pod(
     disguises = [path, f"/v1/chat/completions/..{path}", f"//{path.lstrip('/')}",
                  "/" + path.lstrip("/").replace("/", "%2F"), f"{path}?id_slot=0&action=save"]
     for attempt in disguises:
-        before = list(served.hits)
+        before = len(served.hits)
         resp = client.request(method, served.url + attempt, headers=AUTH, json={"filename": "x.bin"})
-        new = [h for h in served.hits[len(before):] if not h.endswith(("/slots", "/health", "/props"))]
-        assert not new, (attempt, new)
+        new = forwarded(served.hits[before:])
+        assert not new, (attempt, [str(h) for h in new])
         if attempt == path:  # disguises may normalize to one of the gateway's own routes
             allowed = (200, 401, 503) if path in OWN and method == "GET" else (401, 404, 405)
             assert resp.status_code in allowed, (attempt, resp.status_code)
