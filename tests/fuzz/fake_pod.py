@@ -3,14 +3,22 @@ and text completions, JSON or SSE) in microseconds, so that thousands of generat
 
 What is fuzzed is the gateway's own parsing, auth, scheduling and proxying; what llama-server does with
 a body is the real-server tests' business. The fake records the `id_slot` of every body it received, and
-every request it was asked (`Hit`). Any route the real server has beyond the ones above (`POST /props`,
-`/slots/0`, `/tokenize`, ...) is answered by a catch-all with 200: a request the gateway should never
-have forwarded then shows up as a success, not as a 404/405 that a surface test would accept.
+every request it was asked (`Hit`).
+
+A streamed body with the fake-only field `fake_events: N` gets N events of 4 KB each, produced one at a
+time as the server takes them, like a long generation; its progress is recorded (`Stream`), so that a
+test can see backpressure stall it and a disconnect stop it.
+
+Any route the real server has beyond the ones above (`POST /props`, `/slots/0`, `/tokenize`, ...) is
+answered by a catch-all with 200: a request the gateway should never have forwarded then shows up as a
+success, not as a 404/405 that a surface test would accept.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,8 +54,38 @@ class Hit:
         return f"{'background ' if self.background else ''}{self.method} {self.target}"
 
 
-def fake_pod(received: list[dict[str, Any]], hits: list[Hit] | None = None) -> ASGIApp:
-    """The fake; `received` collects inference bodies, `hits` every request the pod was asked."""
+@dataclass
+class Stream:
+    """One long stream (`fake_events`): events handed to the server so far, and whether it has ended
+    (all sent, or stopped because the gateway closed the connection)."""
+
+    total: int
+    sent: int = 0
+    ended: bool = False
+
+
+_LONG_EVENT = b"data: " + json.dumps({"choices": [{"index": 0, "delta": {"content": "x" * 4000}}],
+                                      "object": "chat.completion.chunk"}, separators=(",", ":")).encode()
+_LONG_EVENT += b"\n\n"
+
+
+async def _long(stream: Stream, tail: bytes) -> AsyncIterator[bytes]:
+    try:
+        for _ in range(stream.total):
+            yield _LONG_EVENT  # resumes once the server has written it (or buffered it)
+            stream.sent += 1
+            # Between two events, as llama-server does, notice a closed connection and stop: uvicorn's
+            # send returns at once after a disconnect, so without a pause the loop would never see it.
+            await asyncio.sleep(0)
+        yield tail
+    finally:
+        stream.ended = True
+
+
+def fake_pod(received: list[dict[str, Any]], hits: list[Hit] | None = None,
+             streams: list[Stream] | None = None) -> ASGIApp:
+    """The fake; `received` collects inference bodies, `hits` every request the pod was asked, `streams`
+    the long streams."""
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
@@ -76,6 +114,9 @@ def fake_pod(received: list[dict[str, Any]], hits: list[Hit] | None = None) -> A
                  "object": "chat.completion.chunk"},
             ]
             raw = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events) + b"data: [DONE]\n\n"
+            if isinstance(long := body.get("fake_events"), int) and long > 0 and streams is not None:
+                streams.append(stream := Stream(long))
+                return StreamingResponse(_long(stream, raw), media_type="text/event-stream")
             return StreamingResponse(iter([raw]), media_type="text/event-stream")
         return JSONResponse({"choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"},
                                           "finish_reason": "stop"}],

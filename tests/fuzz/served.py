@@ -29,7 +29,7 @@ from llamafleet_router.app import create_app
 from llamafleet_router.discovery.static import StaticDiscovery
 from llamafleet_router.inprocess import serve
 from llamafleet_router.settings import RouterSettings
-from tests.fuzz.fake_pod import BACKGROUND, Hit, fake_pod
+from tests.fuzz.fake_pod import BACKGROUND, Hit, Stream, fake_pod
 
 T = TypeVar("T")
 API_KEY = "fuzz-secret-key-0123456789"
@@ -76,6 +76,7 @@ class Served:
     app: Any = None
     received: list[dict[str, Any]] = field(default_factory=list)
     hits: list[Hit] = field(default_factory=list)  # every request the fake pod was asked
+    streams: list[Stream] = field(default_factory=list)  # the fake pod's long streams (`fake_events`)
     loop: asyncio.AbstractEventLoop | None = None
 
     def on_loop(self, fn: Callable[[], T]) -> T:
@@ -112,7 +113,7 @@ def served_gateway(**kwargs: Any) -> Iterator[Served]:
         stop = asyncio.Event()
         served.loop = asyncio.get_running_loop()
         try:
-            async with serve(fake_pod(served.received, served.hits)) as pod_url:
+            async with serve(fake_pod(served.received, served.hits, served.streams)) as pod_url:
                 served.pod_url = pod_url
                 served.app = gateway_app(pod_url, **kwargs)
                 async with serve(client_requests_marked(served.app)) as url:

@@ -1,18 +1,21 @@
 """Hand-written hostile inputs the generators rarely reach: huge bodies, deeply nested JSON, invalid
-UTF-8, lone surrogates, and slow clients. Every one gets a 4xx or a normal answer, never a 5xx, the
-gateway keeps serving others meanwhile, and nothing stays in flight or leased afterwards."""
+UTF-8, lone surrogates, slow clients and a client that stops reading its stream. Every one gets a 4xx
+or a normal answer, never a 5xx, the gateway keeps serving others meanwhile, and nothing stays in flight
+or leased afterwards."""
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from urllib.parse import urlsplit
 
 import httpx
 import pytest
 
+from tests.fuzz.fake_pod import Stream
 from tests.fuzz.served import AUTH, Served, served_gateway
 
 LIMIT = 256 * 1024
@@ -151,3 +154,60 @@ def test_slow_clients_do_not_stop_others_from_being_served(served: Served, http:
         stop.set()
         for thread in threads:
             thread.join(15)
+
+
+def _until(check: Callable[[], bool], limit: float) -> bool:
+    deadline = time.monotonic() + limit
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def _stalled(stream: Stream, quiet: float = 0.3, limit: float = 10.0) -> bool:
+    """Whether the stream stops making progress (no event taken for `quiet` seconds) before it ends."""
+    deadline = time.monotonic() + limit
+    while not stream.ended and time.monotonic() < deadline:
+        sent = stream.sent
+        time.sleep(quiet)
+        if stream.sent == sent:
+            return not stream.ended
+    return False
+
+
+def test_a_stream_nobody_reads_holds_its_slot_only_and_is_stopped_when_it_closes(
+    served: Served, http: httpx.Client,
+) -> None:
+    """A client opens a 20 MB stream with a tiny receive buffer, reads its status line and nothing more.
+    Backpressure stalls the relay and the pod's generation (the gateway does not buffer the stream
+    without bound); meanwhile the stream holds one request and one slot, and others are answered at
+    once. When the client closes, the gateway stops the generation and gives the slot back."""
+    split = urlsplit(served.url)
+    body = json.dumps({**_chat("a long answer, please"), "stream": True, "fake_events": 5000}).encode()
+    request = (f"POST {CHAT} HTTP/1.1\r\nHost: x\r\nAuthorization: {AUTH['Authorization']}\r\n"
+               f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
+    before = len(served.streams)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect: the window stays small
+    sock.settimeout(10)
+    try:
+        sock.connect((split.hostname or "", split.port or 0))
+        sock.sendall(request)
+        assert sock.recv(16).startswith(b"HTTP/1.1 200"), "the stream did not start"
+        assert _until(lambda: len(served.streams) > before, 5.0)
+        stream = served.streams[before]
+        assert _stalled(stream), f"never stalled: {stream}"
+        assert stream.sent < stream.total
+        assert served.on_loop(lambda: served.app.state.gateway.in_flight.total()) == 1
+        for i in range(10):
+            started = time.monotonic()
+            resp = http.post(CHAT, json={**_chat(f"meanwhile {i}"), "stream": i % 2 == 0})
+            assert resp.status_code == 200, resp.text[:300]
+            assert time.monotonic() - started < 1.0
+        assert not stream.ended, "the stream was not held while the others were served"
+    finally:
+        sock.close()
+    assert _until(lambda: stream.ended, 5.0), "the generation goes on after the client left"
+    assert stream.sent < stream.total
+    assert served.leaks() == (0, 0)
