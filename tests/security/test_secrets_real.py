@@ -1,7 +1,7 @@
 """Secrets and the agent's door, on a real `up` fleet plus a real `llamafleet router` process with API
-keys: the agent answers 401 without its token and refuses snapshot names that are paths or links; no
-log, state file or terminal line of the run ever contains the API key, a wrong key a client sent, or
-the agent token."""
+keys: the agent answers 401 without its token and refuses snapshot names that are paths or links (for
+being links, not for anything else); no log, state file or terminal line of the run ever contains the
+API key, a wrong key a client sent, the agent token or a wrong one, whole or in part."""
 
 from __future__ import annotations
 
