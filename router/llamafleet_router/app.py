@@ -114,9 +114,10 @@ def _fence(index: PrefixIndex, metrics: RouterMetrics, health: IndexHealth) -> F
     async def fence(old: PodRef) -> None:
         try:
             purged = await index.purge_pod(old.uid)
-            log.info("purged index entries of a restarted pod", extra={"uid": old.uid, "entries": purged})
+            log.info("purged the index entries of a pod (down, restarted or gone)",
+                     extra={"uid": old.uid, "entries": purged})
         except Exception as exc:
-            # Entries of the old uid cannot match the new uid anyway; they expire by TTL.
+            # They expire by TTL, and the next fence (the pod seen again) tries once more.
             metrics.index_errors.labels("purge_pod").inc()
             health.mark_degraded(f"purge_pod: {exc}")
     return fence

@@ -6,7 +6,8 @@ import asyncio
 
 import httpx
 
-from llamafleet_core.types import PodRef
+from llamafleet_core.index.memory import InMemoryPrefixIndex
+from llamafleet_core.types import PodRef, SlotRef, SnapshotRef
 from llamafleet_router.discovery.base import PodProps, model_name
 from llamafleet_router.discovery.static import StaticDiscovery
 from llamafleet_router.settings import PodSpec
@@ -26,8 +27,9 @@ def test_model_name_is_alias_or_model_file_basename() -> None:
 
 
 async def test_pod_lifecycle_changes_epoch_and_fences_old_uid_when_it_comes_back() -> None:
-    """Down on a connection error; up again on /health 200 in a new epoch, and the pod's entries are
-    fenced (purged). The uid stays the pod's URL, so that every router replica names it alike."""
+    """Down on a connection error, and its entries are fenced (purged) at once; up again on /health 200
+    in a new epoch, fenced again before it is visible. The uid stays the pod's URL, so that every
+    router replica names it alike."""
     pod = FakePod(URL, model="m", n_slots=3, busy={1})
     fleet = FakeFleet(pod)
     fleet.agents_ready["http://agent-x:9000"] = True
@@ -51,24 +53,83 @@ async def test_pod_lifecycle_changes_epoch_and_fences_old_uid_when_it_comes_back
             pod.healthy = False
             await disc.poll_once()
             [down] = await disc.endpoints()
-            assert not down.ready and fenced == []
+            await disc.poll_once()  # still down: no second purge
+            await asyncio.sleep(0.01)
+            assert not down.ready and [ref.uid for ref in fenced] == [first_uid]
 
             pod.healthy = True
             await disc.poll_once()
             [back] = await disc.endpoints()
             assert back.ready and back.endpoint.uid == first_uid
             assert back.endpoint.pod.epoch > status.endpoint.pod.epoch
-            assert [ref.uid for ref in fenced] == [first_uid]
+            assert [ref.uid for ref in fenced] == [first_uid, first_uid]
 
             # a restart seen only through /slots (layout changed) is a new epoch too
             pod.n_ctx = 8192
             await disc.poll_once()
             [restarted] = await disc.endpoints()
             assert restarted.ready and restarted.endpoint.pod.epoch > back.endpoint.pod.epoch
-            assert [ref.uid for ref in fenced] == [first_uid, first_uid]
+            assert [ref.uid for ref in fenced] == [first_uid] * 3
 
             disc.mark_down(restarted.endpoint.uid)
             assert not (await disc.endpoints())[0].ready
+        finally:
+            await disc.stop()
+
+
+async def _entries(index: InMemoryPrefixIndex) -> tuple[int, int]:
+    """(slots, snapshots) the index holds for pod URL."""
+    found = await index.lookup("m", BLOCKS)
+    return sum(ref.pod_uid == URL for ref in found.slots), len(await index.snapshots("m", URL))
+
+
+BLOCKS = ["b0", "b1", "b2"]
+
+
+async def _record(index: InMemoryPrefixIndex) -> None:
+    await index.record_slot("m", SlotRef(URL, 0), BLOCKS, 300)
+    await index.record_snapshot("m", SnapshotRef("fs-x", URL, 3, 300, 1000, last_block="b2"), BLOCKS)
+
+
+async def test_a_pod_that_goes_down_has_its_index_entries_purged_at_once() -> None:
+    """A pod whose process is gone (the proxy's connection refused, or a failing poll) loses its slot
+    and snapshot entries at once, not when it comes back (it may never): nothing routes by hints of a
+    dead pod. When it returns they are purged again before it is visible, so entries written meanwhile
+    (a request dispatched just before it died) go too."""
+    pod = FakePod(URL, model="m", n_slots=2)
+    fleet = FakeFleet(pod)
+    index = InMemoryPrefixIndex()
+    purges: list[asyncio.Event] = []
+
+    async def fence(ref: PodRef) -> None:
+        await index.purge_pod(ref.uid)
+        purges[-1].set()
+
+    async with fleet.client() as http:
+        disc = StaticDiscovery([PodSpec.parse(URL)], http, poll_interval=60, fence=fence)
+        await disc.start()
+        try:
+            # the proxy could not connect: marked down, purged without waiting for the next poll
+            await _record(index)
+            purges.append(asyncio.Event())
+            disc.mark_down(URL)
+            await asyncio.wait_for(purges[-1].wait(), 1.0)
+            assert await _entries(index) == (0, 0)
+
+            # written after the purge (dispatched just before the pod died): gone once it is back
+            await _record(index)
+            purges.append(asyncio.Event())
+            await disc.poll_once()
+            assert (await disc.endpoints())[0].ready and purges[-1].is_set()
+            assert await _entries(index) == (0, 0)
+
+            # the process is gone between two polls: the poll marks it down and purges it
+            await _record(index)
+            pod.healthy = False
+            purges.append(asyncio.Event())
+            await disc.poll_once()
+            await asyncio.wait_for(purges[-1].wait(), 1.0)
+            assert not (await disc.endpoints())[0].ready and await _entries(index) == (0, 0)
         finally:
             await disc.stop()
 

@@ -13,7 +13,8 @@ from typing import Any, Protocol, runtime_checkable
 
 from llamafleet_core.types import Endpoint, PodRef
 
-#: Called with the OLD PodRef when a pod restarted, so its index entries are purged (fencing).
+#: Called with a pod's ref when it went down, restarted or left, so its index entries are purged
+#: (fencing); when it restarted, with the OLD ref, before the pod is routable again.
 FenceHook = Callable[[PodRef], Awaitable[None]]
 
 
@@ -100,4 +101,5 @@ class Discovery(Protocol):
         """Every known pod, ready or not."""
 
     def mark_down(self, uid: str) -> None:
-        """The proxy could not connect to pod `uid`: stop routing to it until it answers `/health` again."""
+        """The proxy could not connect to pod `uid`: stop routing to it until it answers `/health` again
+        (and have its index entries purged)."""

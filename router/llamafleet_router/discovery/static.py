@@ -10,11 +10,15 @@ Per pod, every `poll_interval`:
   must answer 200 as well (a restarted pod is not routable until it holds its SharedPrefix snapshots
   again); then `GET /props` (model name, slot count, chat template, build) and the pod is UP again.
 
-Fencing: every DOWN->UP transition (and every detected restart) starts a new epoch and hands the old
-ref to `fence` (the app purges the pod's index entries) BEFORE the pod is visible again, so nothing
-recorded for the new epoch can be purged by the old one's fence. The uid stays the pod's URL, so that
-every router replica names a pod alike. A blip that was not a restart costs some index hints, never a
-wrong one.
+Fencing: an UP->DOWN transition hands the pod's ref to `fence` at once (the app purges the pod's index
+entries: a dead pod's slots and snapshots are hints that can only mislead other replicas and the
+scheduler until it returns). Every DOWN->UP transition (and every detected restart) then starts a new
+epoch and fences again BEFORE the pod is visible, after the purge started at DOWN has finished: entries
+written for the old epoch meanwhile (a request dispatched just before the pod died) go too, and nothing
+recorded for the new epoch can be purged by an old fence. The pod's snapshot files are recorded again
+when it returns (`snapshots/resync.py` lists them at every new epoch). The uid stays the pod's URL, so
+that every router replica names a pod alike. A blip that was not a restart (a pod hung for a moment)
+costs some index hints, never a wrong one.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ class _Pod:
     shape: tuple[tuple[int, int], ...] | None = None
     resume_anywhere: bool = True  # from the agent's /ready (gguf_meta.py); pods without agents: True
     first_poll: asyncio.Event = field(default_factory=asyncio.Event)
+    purge: asyncio.Task[None] | None = None  # the fence started when the pod went down
 
 
 class StaticDiscovery:
@@ -89,6 +94,8 @@ class StaticDiscovery:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks = {}
+        for pod in self._pods:
+            await self._purged(pod)  # a purge under way finishes: the index must not keep a dead pod
 
     @property
     def urls(self) -> set[str]:
@@ -116,11 +123,13 @@ class StaticDiscovery:
         if pod is None:
             return
         self._pods.remove(pod)
+        was_up = pod.up
         self._down(pod, "left the fleet")
         if (task := self._tasks.pop(url, None)) is not None:
             await cancel_and_wait(task)
-        if pod.ref is not None and self._fence is not None:
-            await self._fence(pod.ref)
+        await self._purged(pod)
+        if not was_up and pod.ref is not None and self._fence is not None:
+            await self._fence(pod.ref)  # down already, but entries may have been written since
 
     async def endpoints(self) -> list[PodStatus]:
         return [self._status(pod) for pod in self._pods]
@@ -221,6 +230,7 @@ class StaticDiscovery:
         # uid is the pod's URL, and a restart seen by any replica purges the pod's entries (fencing).
         # llama-server exposes no start time; `epoch` only counts the restarts this replica saw.
         epoch = old.epoch + 1 if old is not None else 0
+        await self._purged(pod)  # the purge started when it went down ends before the fence below
         if old is not None:
             pod.up = False  # invisible until its old entries are purged
             if self._fence is not None:
@@ -233,8 +243,26 @@ class StaticDiscovery:
         log.info("pod up", extra={"pod": pod.spec.url, "uid": pod.ref.uid, "model": pod.props.model})
 
     def _down(self, pod: _Pod, reason: str) -> None:
-        if pod.up:
+        was_up = pod.up
+        if was_up:
             log.warning("pod down", extra={"pod": pod.spec.url, "reason": reason})
         pod.up = False
         if pod.ref is not None and (event := self._gone.pop(pod.ref.uid, None)) is not None:
             event.set()
+        if was_up and pod.ref is not None and self._fence is not None:
+            # At once, not when the pod returns (it may never): its entries are gone within a poll.
+            pod.purge = asyncio.create_task(self._purge(pod.ref), name=f"purge {pod.spec.url}")
+
+    async def _purge(self, ref: PodRef) -> None:
+        assert self._fence is not None
+        try:
+            await self._fence(ref)
+        except Exception:
+            # The app's fence handles its own errors; a failing hook must not go unnoticed either.
+            log.exception("purging a pod that went down failed", extra={"pod": ref.name})
+
+    async def _purged(self, pod: _Pod) -> None:
+        """Wait for the purge started when `pod` went down, if any."""
+        task, pod.purge = pod.purge, None
+        if task is not None:
+            await asyncio.wait({task})  # never raises the task's outcome; our own cancel goes through
