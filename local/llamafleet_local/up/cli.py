@@ -3,7 +3,8 @@
 FLEET.yaml holds a `LlamaFleet` document with a top-level `local:` mapping (model: a GGUF file or a
 tiny test model name; chatTemplate; llamaServer; threads) and any number of `SharedPrefix` documents,
 in the CRDs' schema. Ctrl-C or SIGTERM stops everything `up` started. A pod whose process dies is
-restarted (at most --max-restarts times) and warmed again; with --no-restart `up` exits 1 instead.
+restarted (at most --max-restarts times) and warmed again, and gets traffic only once warm (a pod that
+cannot be warmed stays out of rotation, and warming is retried); with --no-restart `up` exits 1 instead.
 The gateway URL is printed on stdout once the fleet is ready; progress and logs' tails go to stderr,
 and every process's log into the run folder.
 

@@ -46,6 +46,7 @@ class UpOptions:
     run_dir: Path | None = None  # default: runs/<timestamp>/ under the current directory
     restart: bool = True  # restart a pod whose process died, and warm it again
     max_restarts: int = 3  # per pod; beyond that the fleet gives up (exit non-zero)
+    restart_delay: float = 0.0  # seconds a dead pod stays down before it is started again
     pod_timeout: float = 180.0  # seconds for one pod to load its model and answer
 
 

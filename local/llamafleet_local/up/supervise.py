@@ -6,15 +6,24 @@ so warming it again costs a check (`warm_pod` finds the verified file and re-reg
 from a warm peer, never a prefill. While it is down the gateway's `/health` says 503 (not every pod is
 up) and routes around it. Beyond `max_restarts`, or with restarts off, `up` stops everything and exits 1,
 printing the tail of the dead process's log either way.
+
+A restarted pod gets traffic only once every SharedPrefix is warm on it again: its agent runs with
+`--await-required`, so its `/ready` (which the gateway routes by) stays 503 until `require` declares
+what it holds, and that happens only after warming succeeded for every prefix. When warming fails (no
+peer could serve the snapshot, the agent refused it), the pod stays out of rotation rather than serve
+cold: the fleet's other pods answer meanwhile and `/health` says which prefix is not warm where. It is
+said loudly and warming is tried again, with a growing pause (`WARM_RETRY_S`), until it succeeds.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from llamafleet_core.warming import warm_pod
+from llamafleet_core.warming import PodWarmState, warm_pod
 from llamafleet_local.up.procs import ChildFailed, log_tail
 
 if TYPE_CHECKING:
@@ -22,31 +31,70 @@ if TYPE_CHECKING:
     from llamafleet_local.up.runtime import LocalFleet
 
 POLL_S = 0.5
+WARM_RETRY_S = (1.0, 2.0, 5.0, 10.0, 30.0)  # pauses between warming attempts; the last one repeats
 
 
 class FleetFailed(RuntimeError):
     pass
 
 
+@dataclass
+class _Care:
+    """What supervise remembers of one pod between two passes."""
+
+    dead_since: float | None = None  # when it was first seen dead (a restart may wait `restart_delay`)
+    warm_failures: int = 0
+    warm_again_at: float | None = None  # up but cold (unroutable): when to try warming again
+
+
 async def supervise(fleet: LocalFleet, stop: asyncio.Event) -> None:
-    """Until `stop` is set: watch every process; restart dead pods (or raise FleetFailed)."""
+    """Until `stop` is set: watch every process; restart dead pods (or raise FleetFailed) and warm
+    again those whose warming failed."""
+    care: dict[str, _Care] = {}
     while not stop.is_set():
         for pod in fleet.pods:
-            child = pod.dead()
-            if child is None:
-                continue
-            fleet.reporter.say(f"{child.name} exited with code {child.exit_code}; log {child.log}:\n"
-                               f"{log_tail(child.log)}")
-            opts = fleet.options
-            if not opts.restart or pod.restarts >= opts.max_restarts:
-                why = "restarts are off" if not opts.restart else f"{pod.restarts} restarts used"
-                raise FleetFailed(f"{child.name} died ({why})")
-            if child is pod.agent and pod.server.running:
-                await restart_agent(fleet, pod)
-            else:
-                await restart(fleet, pod)
+            await _tend(fleet, pod, care.setdefault(pod.name, _Care()))
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), POLL_S)
+
+
+async def _tend(fleet: LocalFleet, pod: LocalPod, care: _Care) -> None:
+    now = time.monotonic()
+    child = pod.dead()
+    if child is None:
+        if care.warm_again_at is not None and now >= care.warm_again_at:
+            await _warm_or_wait(fleet, pod, care)
+        return
+    opts = fleet.options
+    if care.dead_since is None:
+        care.dead_since = now
+        fleet.reporter.say(f"{child.name} exited with code {child.exit_code}; log {child.log}:\n"
+                           f"{log_tail(child.log)}")
+        if not opts.restart or pod.restarts >= opts.max_restarts:
+            why = "restarts are off" if not opts.restart else f"{pod.restarts} restarts used"
+            raise FleetFailed(f"{child.name} died ({why})")
+        if child is pod.server or not pod.server.running:
+            mark_down(fleet, pod)
+    if now - care.dead_since < opts.restart_delay:
+        return
+    care.dead_since, care.warm_again_at, care.warm_failures = None, None, 0
+    if child is pod.agent and pod.server.running:
+        await restart_agent(fleet, pod)
+    else:
+        await restart(fleet, pod)
+        await _warm_or_wait(fleet, pod, care)
+
+
+def mark_down(fleet: LocalFleet, pod: LocalPod) -> None:
+    """The pod's server is gone: not up, and none of its SharedPrefixes served there until it is warm
+    again (so no peer's warming pulls from it, and `/health` says why it is not ready)."""
+    pod.ready = False
+    fleet.progress.pods_up.discard(pod.name)
+    for name, result in fleet.results.items():
+        state = PodWarmState(pod.name, "pending", message="pod down: restarting")
+        result.pods = [state if s.pod == pod.name else s for s in result.pods]
+        fleet.progress.prefixes[name].pods[pod.name] = state
+    fleet.report()
 
 
 async def restart_agent(fleet: LocalFleet, pod: LocalPod) -> None:
@@ -65,31 +113,55 @@ async def restart_agent(fleet: LocalFleet, pod: LocalPod) -> None:
 
 
 async def restart(fleet: LocalFleet, pod: LocalPod) -> None:
-    """Stop both processes of `pod`, start them again requiring the snapshots it held, warm it."""
+    """Stop both processes of `pod` and start them again; the pod stays unroutable (its agent awaits
+    the declaration of what it must hold) until `rewarm` succeeded."""
     pod.restarts += 1
     fleet.progress.restarts += 1
-    fleet.progress.pods_up.discard(pod.name)
-    fleet.report()
+    mark_down(fleet, pod)
     await pod.stop()
     try:
         await pod.start(fleet.http, fleet.agent_token, fleet.options.pod_timeout)
     except ChildFailed as exc:
         await pod.stop()
         raise FleetFailed(f"{pod.name} did not come back: {exc}") from exc
-    # The gateway sees the pod again only once `require` below has declared what it must hold (its
-    # agent's /ready), after warming; it purges the pod's old index entries before that.
+    fleet.write_state()
+
+
+async def rewarm(fleet: LocalFleet, pod: LocalPod) -> list[str]:
+    """Warm every SharedPrefix on `pod`; when all are warm, declare them to its agent (the gateway
+    then routes to it) and count it up. Returns what is still cold (empty: the pod is ready)."""
     peers = fleet.warm_pods()
     me = next(p for p in peers if p.name == pod.name)
     index = fleet.index.index if fleet.index else None
+    cold: list[str] = []
     for name, result in fleet.results.items():
         state = await warm_pod(result, fleet.sources[name], me, peers=peers, http=fleet.http,
                                agent_token=fleet.agent_token, index=index)
         result.pods = [state if s.pod == pod.name else s for s in result.pods]
         fleet.progress.prefixes[name].pods[pod.name] = state
         if state.state != "warm":
-            fleet.reporter.say(f"prefix {name}: pod {pod.name} not warm again: {state.message}")
+            cold.append(f"prefix {name}: {state.message}")
+    if cold:
+        fleet.report()
+        return cold
+    # The gateway purges the pod's old index entries when it sees it again, before routing to it.
     await fleet.require(pod)
     pod.ready = True
     fleet.progress.pods_up.add(pod.name)
     fleet.report()
     fleet.write_state()
+    return []
+
+
+async def _warm_or_wait(fleet: LocalFleet, pod: LocalPod, care: _Care) -> None:
+    cold = await rewarm(fleet, pod)
+    if not cold:
+        if care.warm_failures:
+            fleet.reporter.say(f"{pod.name} is warm again and routable")
+        care.warm_failures, care.warm_again_at = 0, None
+        return
+    pause = WARM_RETRY_S[min(care.warm_failures, len(WARM_RETRY_S) - 1)]
+    care.warm_failures += 1
+    care.warm_again_at = time.monotonic() + pause
+    fleet.reporter.say(f"{pod.name} is NOT routable: not warm again ({'; '.join(cold)}); "
+                       f"warming again in {pause:.0f}s (attempt {care.warm_failures})")
