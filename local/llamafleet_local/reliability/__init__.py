@@ -5,6 +5,7 @@
 - `bed`: the small fleet the scenarios run on (`running_fleet`), and index/readiness probes;
 - `faults`: llama-server SIGKILL, llama-server SIGSTOP/SIGCONT, Redis SIGKILL and restart;
 - `replicas`: a second gateway replica SIGKILLed; `snapshots`: agent killed mid-transfer, bad snapshots;
+- `link`: a slow link to an agent that goes down with it (what makes a transfer cut half-way);
 - `run`: scenarios by name, each on its own fleet; `cli.main`: `llamafleet reliability`.
 """
 

@@ -24,11 +24,12 @@ import httpx
 from llamafleet_core.prefix import ChatTemplate, chat_identity
 from llamafleet_core.types import SlotRef
 from llamafleet_local.reliability.client import QUESTIONS, chat_body
-from llamafleet_local.reliability.outcome import SUCCEEDED, Sent, agreement, parse_json
+from llamafleet_local.reliability.outcome import SUCCEEDED, ScenarioResult, Sent, agreement, parse_json
 from llamafleet_local.up import FleetConfig, LocalFleet, UpOptions, parse_documents
 from llamafleet_local.up.pods import LocalPod
 from llamafleet_local.up.progress import Reporter
 from llamafleet_local.up.supervise import FleetFailed
+from llamafleet_router.settings import PodSpec
 from llamafleet_router.snapshots import SnapshotConfig
 
 FLEET = "rel"
@@ -77,6 +78,18 @@ class Bed:
     def gateway(self) -> Any:
         return self.fleet.app.state.gateway
 
+    def sample(self, name: str, **labels: str) -> float:
+        """The sum of the gateway's samples `name` whose labels include `labels` (0: never counted)."""
+        return float(sum(s.value for metric in self.gateway.metrics.registry.collect() for s in metric.samples
+                         if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())))
+
+    async def route_agent(self, i: int, agent_url: str) -> None:
+        """Have the gateway reach pod `i`'s agent at `agent_url` (a `SlowLink` in front of it), as if
+        discovery had been configured so."""
+        url = self.pod(i).layout.llama_url
+        status = next(p for p in await self.gateway.discovery.endpoints() if p.endpoint.url == url)
+        self.gateway.discovery.update(PodSpec(url, agent_url, status.endpoint.attach))
+
     def pod(self, i: int) -> LocalPod:
         return self.fleet.pods[i]
 
@@ -108,25 +121,49 @@ class Bed:
     async def references(self, max_tokens: int, system: str = SYSTEM) -> dict[str, str]:
         """Each question's greedy answer computed cold (no prompt cache) on pod 0: what a restore must
         reproduce."""
-        refs: dict[str, str] = {}
-        for q in QUESTIONS:
-            body = {**chat_body(self.model, system, q, stream=False, max_tokens=max_tokens),
-                    "cache_prompt": False}
-            resp = await self.http.post(self.pod(0).layout.llama_url + "/v1/chat/completions", json=body)
-            refs[q] = parse_json(resp.content)[1]
-        return refs
+        return {q: await self.reference(q, max_tokens, system) for q in QUESTIONS}
+
+    async def reference(self, question: str, max_tokens: int, system: str = SYSTEM) -> str:
+        body = {**chat_body(self.model, system, question, stream=False, max_tokens=max_tokens),
+                "cache_prompt": False}
+        resp = await self.http.post(self.pod(0).layout.llama_url + "/v1/chat/completions", json=body)
+        return parse_json(resp.content)[1]
 
     def wrongly_restored(self, results: Sequence[Sent], refs: dict[str, str]) -> int:
         """Answers served after a restore whose text is not the cold run's (a wrong KV state diverges
-        from the first token; batching noise never moves half of the answer)."""
-        return sum(1 for r in results if r.restored and r.verdict == SUCCEEDED
-                   and agreement(r.text, refs[QUESTIONS[r.n % len(QUESTIONS)]]) < 0.5)
+        from the first token; batching noise never moves half of the answer). A longer answer is
+        compared by its start: greedy decoding makes the reference its prefix."""
+        def wrong(r: Sent) -> bool:
+            ref = refs[QUESTIONS[r.n % len(QUESTIONS)]]
+            return agreement(r.text[: len(ref)], ref) < 0.5
+
+        return sum(1 for r in results if r.restored and r.verdict == SUCCEEDED and wrong(r))
 
     async def slot_holders(self) -> list[tuple[SlotRef, str | None]]:
+        """Every slot's lease holder in Redis (a gateway replica's name), None where free."""
         leases = self.fleet.index.leases if self.fleet.index else None
         assert leases is not None
         return [(ref, await leases.holder(ref)) for pod in self.fleet.pods
                 for ref in (SlotRef(pod.layout.llama_url, s) for s in range(2))]
+
+    async def held(self) -> dict[str, int]:
+        """What is still held: requests the gateway counts in flight, slots its requests hold, and slot
+        leases in Redis (of any replica)."""
+        leases = self.gateway.leases
+        return {"in_flight": self.gateway.in_flight.total(),
+                "slots_held": leases.held() if leases is not None else 0,
+                "leases": sum(holder is not None for _, holder in await self.slot_holders())}
+
+    async def check_leaks(self, r: ScenarioResult, limit: float = 5.0) -> None:
+        """After the workload: nothing may stay held. Bounded wait: the last answers' releases run in
+        background tasks."""
+        async def clean() -> bool:
+            return not any((await self.held()).values())
+
+        settled = await until(clean, limit)
+        left = await self.held()
+        r.checks["held_after_s"] = None if settled is None else round(settled, 2)
+        r.expect(settled is not None, f"still held {limit:.0f}s after the workload: {left}")
 
 
 @contextlib.asynccontextmanager

@@ -6,8 +6,8 @@ dropped, no status) is tried on the next gateway, at most `attempts` times. An a
 is never retried: the figures must show failures, not hide them.
 
 `Load` runs `count` requests with `concurrency` workers, each request bounded by `timeout` seconds (a
-request over its deadline is LOST: that is a hang), and exposes how far it got so a scenario can inject
-its fault mid-workload.
+request over its deadline is LOST: that is a hang), and exposes how far it got, and which requests are
+in progress and where (`streaming_on`), so a scenario can inject its fault at the moment it must hit.
 """
 
 from __future__ import annotations
@@ -63,9 +63,11 @@ async def _once(http: httpx.AsyncClient, url: str, body: dict[str, Any], sent: S
 
 async def send(http: httpx.AsyncClient, urls: Sequence[str], body: dict[str, Any], *, n: int = 0,
                timeout: float = 30.0, attempts: int = 1, first: int = 0,
-               headers: dict[str, str] | None = None) -> Sent:
-    """One request; on no answer at all, retried on the next of `urls` (at most `attempts` tries)."""
-    sent = Sent(n=n, started=time.monotonic(), stream=bool(body.get("stream")))
+               headers: dict[str, str] | None = None, sent: Sent | None = None) -> Sent:
+    """One request; on no answer at all, retried on the next of `urls` (at most `attempts` tries).
+    `sent`: the record to fill in, for a caller that watches the request while it runs."""
+    if sent is None:
+        sent = Sent(n=n, started=time.monotonic(), stream=bool(body.get("stream")))
     deadline = sent.started + timeout
     for attempt in range(attempts):
         sent.attempts = attempt + 1
@@ -99,6 +101,7 @@ class Load:
     gap: float = 0.0  # seconds a worker waits between its requests (a steady, not a saturating, load)
     results: list[Sent] = field(default_factory=list)
     started: int = 0
+    running: dict[int, Sent] = field(default_factory=dict)  # requests in progress, by number
     stop: asyncio.Event = field(default_factory=asyncio.Event)  # set: no new request is started
     _finished: asyncio.Event = field(default_factory=asyncio.Event)  # set at every finished request
 
@@ -114,8 +117,14 @@ class Load:
                 if self.stop.is_set():
                     return
                 self.started += 1
-                sent = await send(self.http, self.urls, self.bodies(i), n=i, timeout=self.timeout,
-                                  attempts=self.attempts, first=i)
+                body = self.bodies(i)
+                sent = Sent(n=i, started=time.monotonic(), stream=bool(body.get("stream")))
+                self.running[i] = sent
+                try:
+                    await send(self.http, self.urls, body, n=i, timeout=self.timeout,
+                               attempts=self.attempts, first=i, sent=sent)
+                finally:
+                    del self.running[i]
                 self.results.append(sent)
                 self._finished.set()
                 if self.gap:
@@ -123,6 +132,12 @@ class Load:
 
         await asyncio.gather(*(worker(w) for w in range(self.concurrency)))
         return sorted(self.results, key=lambda s: s.n)
+
+    def streaming_on(self, pod: str) -> list[Sent]:
+        """Streams in progress whose answer comes from `pod` and has started (first bytes received):
+        the ones a fault on that pod cuts."""
+        return [s for s in self.running.values()
+                if s.stream and s.pod == pod and s.first_byte is not None and not s.terminal]
 
     async def wait_done(self, n: int, limit: float = 60.0) -> None:
         """Until at least `n` requests finished (bounded by `limit` seconds)."""

@@ -13,91 +13,126 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from llamafleet_local.reliability.bed import Bed, kill, until
+from llamafleet_local.reliability.bed import PREFIX, Bed, kill, until
 from llamafleet_local.reliability.client import QUESTIONS, Load
-from llamafleet_local.reliability.outcome import STALE_CONNECTION, SUCCEEDED, ScenarioResult
+from llamafleet_local.reliability.outcome import STALE_CONNECTION, SUCCEEDED, ScenarioResult, Sent
 
-STREAM_TOKENS = 48  # long enough for streams to be in progress when the fault hits
+STREAM_TOKENS = 200  # ~1.5 s per stream on the tiny model: a kill lands mid-answer, not after it
+REFERENCE_TOKENS = 48  # the cold answers restored ones are compared with (by their start)
 PURGE_LIMIT_S = 5.0
+# The killed pod stays dead past the purge limit, so only a purge when it goes down can meet the limit
+# (the one when it comes back would otherwise hide a missing one).
+RESTART_DELAY_S = PURGE_LIMIT_S + 1.5
+CUT_END_LIMIT_S = 5.0  # a stream cut by the kill must end (with its error event) within this
 
 
 def _body(bed: Bed, max_tokens: int = STREAM_TOKENS) -> Callable[[int], dict[str, Any]]:
     return lambda i: bed.body(i, stream=i % 4 != 3, max_tokens=max_tokens)
 
 
+def _fresh(streams: list[Sent], now: float, within: float = 0.4) -> list[Sent]:
+    """Streams whose first bytes came less than `within` seconds ago: most of their answer is still to
+    come, so a kill now cuts them rather than racing their last event."""
+    return [s for s in streams if s.first_byte is not None and now - s.first_byte < within]
+
+
 async def kill_server(bed: Bed) -> ScenarioResult:
-    """SIGKILL pod 1's llama-server while requests stream from it; `up` restarts and re-warms it."""
+    """SIGKILL pod 1's llama-server while the client holds a stream from it; `up` restarts it after
+    `RESTART_DELAY_S` and warms it again before the gateway may route to it."""
     r = ScenarioResult("kill -9 llama-server", "SIGKILL one of 2 llama-servers mid-workload",
                        pods_killed=True)
     started = time.monotonic()
     victim = bed.pod(1)
     uid, name = victim.layout.llama_url, victim.name
-    refs = await bed.references(STREAM_TOKENS)
+    refs = await bed.references(REFERENCE_TOKENS)
     probes = [bed.body(i) for i in range(len(QUESTIONS))]
+    moved_before = bed.sample("llamafleet_router_upstream_retries_total")
+    bed.fleet.options.restart_delay = RESTART_DELAY_S
     load = Load(bed.http, [bed.url], _body(bed), count=400, concurrency=4, timeout=30.0)
     running = asyncio.create_task(load.run())
-    await load.wait_done(6)
-    await until(lambda: _true(bed.gateway.in_flight.count(uid) > 0), 5.0, every=0.005)
-    r.checks["entries_before"] = await bed.pod_entries(uid, probes)
-    purges = watch_purges(bed, uid)
-    killed_at = time.monotonic()
-    kill(victim.server.pid)
+    try:
+        await load.wait_done(4)
+        r.checks["entries_before"] = await bed.pod_entries(uid, probes)
+        # Kill only while a stream from the victim is under way (first bytes in, answer not done).
+        await until(lambda: _true(bool(_fresh(load.streaming_on(uid), time.monotonic()))), 20.0,
+                    every=0.002)
+        held = load.streaming_on(uid)
+        waiting = [s for s in load.running.values() if s.first_byte is None]
+        killed_at = time.monotonic()
+        kill(victim.server.pid)
 
-    async def purged() -> bool:
-        # The fence purges at once and the restarted pod records new entries right after (resync,
-        # warming, traffic), so the purge itself is the event to time; an empty index is the fallback.
-        return bool(purges) or await bed.pod_entries(uid, probes) == 0
+        async def purged() -> bool:
+            return await bed.pod_entries(uid, probes) == 0
 
-    purge_s = await until(purged, 15.0, every=0.05)
-    if purges:
-        purge_s = purges[0] - killed_at
-    r.checks["entries_gone_after_s"] = None if purge_s is None else round(purge_s, 2)
-    # The pod comes back (supervise restarts it, then warms it): record when the gateway routes to it
-    # again and when its warming finished, while the workload keeps running.
-    routable_at = warm_at = None
-    deadline = time.monotonic() + 60.0
-    while time.monotonic() < deadline and warm_at is None:
-        if routable_at is None and victim.server.running and await bed.pod_ready(1):
-            routable_at = time.monotonic()
-        if victim.ready and bed.fleet.progress.restarts >= 1:
-            warm_at = time.monotonic()
-        await asyncio.sleep(0.02)
-    await asyncio.sleep(1.0)  # some traffic after it is warm
-    load.stop.set()
-    results = await running
+        purge_s = await until(purged, PURGE_LIMIT_S, every=0.05)
+        # Still none at the limit: nothing wrote entries for the dead pod after the purge.
+        await asyncio.sleep(max(0.0, killed_at + PURGE_LIMIT_S - time.monotonic()))
+        entries_at_limit = await bed.pod_entries(uid, probes)
+        # The pod comes back (supervise restarts it, then warms it): record when the gateway routes to
+        # it again, its SharedPrefix's state at that moment, and when its warming finished.
+        routable_at = warm_at = None
+        state_when_routable = ""
+        deadline = time.monotonic() + RESTART_DELAY_S + 60.0
+        while time.monotonic() < deadline and (warm_at is None or routable_at is None):
+            if routable_at is None and victim.server.running and await bed.pod_ready(1):
+                routable_at = time.monotonic()
+                state_when_routable = bed.fleet.progress.prefixes[PREFIX].pods[name].state
+            if warm_at is None and victim.ready and bed.fleet.progress.restarts >= 1:
+                warm_at = time.monotonic()
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(1.0)  # some traffic after it is warm
+    finally:
+        bed.fleet.options.restart_delay = 0.0
+        load.stop.set()
+        results = await running
     r.add(results)
     r.finish()
     r.seconds = time.monotonic() - started
     r.wrongly_restored = bed.wrongly_restored(results, refs)
+    await bed.check_leaks(r)
 
+    # A stream held at the kill that still reached [DONE] had its last bytes sent already: not cut.
+    cut = [s for s in held if s.verdict != SUCCEEDED]
+    cut_ns = {s.n for s in cut}
     on_victim = [s for s in results if s.pod == uid]
-    in_progress = [s for s in on_victim if s.started < killed_at < s.ended and s.ended - killed_at < 10]
-    # A stream the client had bytes of: the gateway holds a stream back until it answers, so a
-    # request with no byte at all is one the kill caught before it answered (it must move pods). The
-    # client's own clock cannot tell: its first byte may arrive just after the kill it preceded.
-    streaming = [s for s in in_progress if s.first_byte is not None]
     before_warm = [s for s in on_victim if s.started > killed_at and (warm_at is None or s.started < warm_at)]
+    not_streaming_failed = [s for s in results if s.n not in cut_ns and s.verdict != SUCCEEDED
+                            and STALE_CONNECTION not in s.detail]
+    r.streams_cut, r.streams_cut_with_error_event = len(cut), sum(s.error_event for s in cut)
+    r.purged_after_s = None if purge_s is None else round(purge_s, 2)
     r.checks.update({
-        "restarted": warm_at is not None, "in_progress_on_victim": len(in_progress),
-        "streams_cut": len(streaming),
-        "streams_cut_with_error_event": sum(s.error_event for s in streaming),
+        "entries_at_limit": entries_at_limit,
+        "restarted": warm_at is not None,
+        "streams_held_at_kill": len(held),
+        "cut_streams_ended_after_s": round(max((s.ended - killed_at for s in cut), default=0.0), 2),
+        "waiting_at_kill": len(waiting),
+        "waiting_at_kill_succeeded": sum(s.verdict == SUCCEEDED for s in waiting),
+        # Requests the gateway sent to another pod after the victim failed them before their first byte.
+        "moved_to_other_pod": int(bed.sample("llamafleet_router_upstream_retries_total") - moved_before),
         # Every other failure: requests the kill caught before their first byte (they carry no pod
         # header when the gateway itself answered 502), or requests the kill never touched.
-        "not_streaming_failed": sum(s.verdict != SUCCEEDED and STALE_CONNECTION not in s.detail
-                                    for s in results if s not in streaming),
+        "not_streaming_failed": len(not_streaming_failed),
+        "prefix_state_when_routable": state_when_routable,
         "routable_before_warm_s": None if routable_at is None or warm_at is None
         else round(max(0.0, warm_at - routable_at), 2),
         "requests_before_warm": len(before_warm),
     })
     r.expect(r.lost == 0, f"{r.lost} requests lost (no answer)")
-    r.expect(all(s.error_event for s in streaming if s.stream and s.verdict != SUCCEEDED),
-             "a stream cut by the kill ended without an SSE error event")
-    r.expect(r.checks["not_streaming_failed"] == 0,
-             f"{r.checks['not_streaming_failed']} requests not yet streaming failed instead of moving pods")
-    r.expect(purge_s is not None and purge_s <= PURGE_LIMIT_S,
+    r.expect(r.checks["entries_before"] > 0, "the victim had no index entries before the kill")
+    r.expect(bool(cut), f"no stream was cut by the kill ({len(held)} held at the kill reached [DONE])")
+    r.expect(all(s.error_event for s in cut),
+             f"{sum(not s.error_event for s in cut)} of {len(cut)} streams cut by the kill ended without an "
+             "SSE error event")
+    r.expect(r.checks["cut_streams_ended_after_s"] <= CUT_END_LIMIT_S,
+             f"a cut stream ended only {r.checks['cut_streams_ended_after_s']}s after the kill")
+    r.expect(not not_streaming_failed,
+             f"{len(not_streaming_failed)} requests not yet streaming failed instead of moving pods")
+    r.expect(purge_s is not None and entries_at_limit == 0,
              f"the pod's index entries were still there {PURGE_LIMIT_S:.0f}s after the kill "
-             f"(gone after {r.checks['entries_gone_after_s']}s)")
+             f"({entries_at_limit} left)")
     r.expect(warm_at is not None, f"{name} did not come back warm within 60s")
+    r.expect(routable_at is None or state_when_routable == "warm",
+             f"the gateway routed to the restarted pod while its SharedPrefix was {state_when_routable!r}")
     # The gateway must not route to the restarted pod before it is warm again: compare when the
     # gateway first saw it routable with when its warming finished (polled every 20 ms here). Counting
     # requests by their client start time cannot tell: one sent before the pod was warm may be routed
@@ -107,24 +142,6 @@ async def kill_server(bed: Bed) -> ScenarioResult:
              "before it was warm")
     r.expect(r.wrongly_restored == 0, f"{r.wrongly_restored} answers from a wrong restore")
     return r
-
-
-def watch_purges(bed: Bed, uid: str) -> list[float]:
-    """Times at which the index purged pod `uid` (the gateway's fencing), by wrapping the index object
-    the gateway holds; the list fills as purges happen."""
-    assert bed.fleet.index is not None
-    index: Any = bed.fleet.index.index
-    times: list[float] = []
-    inner = index.purge_pod
-
-    async def purge_pod(pod_uid: str) -> int:
-        removed = int(await inner(pod_uid))
-        if pod_uid == uid:
-            times.append(time.monotonic())
-        return removed
-
-    index.purge_pod = purge_pod
-    return times
 
 
 async def _true(value: bool) -> bool:
@@ -153,12 +170,16 @@ async def hang_pod(bed: Bed, stopped_s: float = 8.0, down_limit_s: float = 5.0) 
         resumed_at = time.monotonic()
         kill(victim.server.pid, signal.SIGCONT)
     back_s = await until(lambda: bed.pod_ready(1), 20.0)
+    # It must serve again, not only look routable: wait (bounded) for an answer from it.
+    served_s = await until(lambda: _true(any(s.pod == uid and s.verdict == SUCCEEDED
+                                             and s.started > resumed_at for s in load.results)), 10.0)
     await asyncio.sleep(1.0)
     load.stop.set()
     results = await running
     r.add(results)
     r.finish()
     r.seconds = time.monotonic() - started
+    await bed.check_leaks(r)
     marked = None if down_s is None else stopped_at + down_s
     stuck = [s for s in results if s.pod == uid and s.started < resumed_at and s.ended > resumed_at
              and s.started >= stopped_at - 1]
@@ -167,6 +188,8 @@ async def hang_pod(bed: Bed, stopped_s: float = 8.0, down_limit_s: float = 5.0) 
     r.checks.update({
         "marked_down_after_s": None if down_s is None else round(down_s, 2),
         "back_after_sigcont_s": None if back_s is None else round(back_s, 2),
+        "served_after_sigcont": sum(s.pod == uid and s.verdict == SUCCEEDED and s.started > resumed_at
+                                    for s in results),
         "waited_for_sigcont": len(stuck),
         "longest_wait_s": round(max((s.ended - s.started for s in results), default=0.0), 2),
         "sent_to_hung_pod_after_marked_down": len(after_mark),
@@ -179,6 +202,7 @@ async def hang_pod(bed: Bed, stopped_s: float = 8.0, down_limit_s: float = 5.0) 
     r.expect(not after_mark, f"{len(after_mark)} requests sent to the hung pod after it was marked down")
     r.expect(not stuck, f"{len(stuck)} requests hung until SIGCONT instead of timing out")
     r.expect(back_s is not None, "the pod was not routable again within 20s of SIGCONT")
+    r.expect(served_s is not None, "the pod served no request within 10s of being routable again")
     return r
 
 
@@ -216,6 +240,7 @@ async def kill_redis(bed: Bed, down_s: float = 3.0) -> ScenarioResult:
     r.add(results)
     r.finish()
     r.seconds = time.monotonic() - started
+    await bed.check_leaks(r)
     slots_after = sum([await bed.pod_entries(p.layout.llama_url, probes) for p in bed.fleet.pods])
     snaps_after = len(await index.snapshots(bed.model))
     r.checks.update({
@@ -228,6 +253,7 @@ async def kill_redis(bed: Bed, down_s: float = 3.0) -> ScenarioResult:
              f"{r.other_failed} failed and {r.lost} lost while Redis was down")
     r.expect(degraded_s is not None, "/health never reported the index degraded")
     r.expect(back_s is not None, "/health did not report the index ok again within 10s")
+    r.expect(snaps_before > 0, "no snapshot entries before the outage: their rebuild went untested")
     r.expect(slots_after > 0, "no slot entries in the index after Redis came back")
     r.expect(snaps_after >= snaps_before,
              f"snapshot entries not rebuilt: {snaps_after} after, {snaps_before} before the outage")

@@ -122,6 +122,11 @@ class ScenarioResult:
     wrongly_restored: int = 0
     stale_connection: int = 0  # 502s from an upstream keep-alive connection the pod had closed
     pods_killed: bool = False  # a llama-server died in this scenario (a disconnect may be that)
+    # Where a pod is killed under streams (None elsewhere): streams the kill cut, how many of them ended
+    # with an SSE error event, and seconds from the kill until the index held none of the pod's entries.
+    streams_cut: int | None = None
+    streams_cut_with_error_event: int | None = None
+    purged_after_s: float | None = None
     seconds: float = 0.0
     checks: dict[str, Any] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
@@ -163,9 +168,6 @@ class ScenarioResult:
         return {**asdict(self), "ok": self.ok}
 
 
-COLUMNS = ("scenario", "sent", "succeeded", "failed", "lost", "wrongly_restored", "seconds", "ok")
-
-
 def agreement(got: str, want: str) -> float:
     """Share of equal leading characters between two greedy answers (1.0: identical)."""
     if not want and not got:
@@ -178,14 +180,35 @@ def agreement(got: str, want: str) -> float:
     return same / max(len(got), len(want))
 
 
+# The table's columns: (header, the `as_dict()` fields it shows). The JSON holds every field; the
+# table shows these and nothing else, so the README's figures can be traced to the JSON's.
+COLUMNS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("scenario", ("scenario",)), ("sent", ("sent",)), ("succeeded", ("succeeded",)),
+    ("failed", ("failed",)), ("lost", ("lost",)), ("wrongly restored", ("wrongly_restored",)),
+    ("streams cut / with error event", ("streams_cut", "streams_cut_with_error_event")),
+    ("entries purged after s", ("purged_after_s",)), ("seconds", ("seconds",)),
+    ("invariants", ("ok", "problems")),
+)
+
+
+def _cell(fields: tuple[str, ...], row: dict[str, Any]) -> str:
+    if fields == ("ok", "problems"):
+        return "held" if row["ok"] else "BROKEN: " + "; ".join(row["problems"])
+    values = [row[f] for f in fields]
+    if all(v is None for v in values):
+        return "-"  # not measured in this scenario
+    return " / ".join(f"{v:.1f}" if isinstance(v, float) else str(v) for v in values)
+
+
 def table(results: list[ScenarioResult]) -> str:
-    """A Markdown table, one row per scenario (what the README shows)."""
-    head = "| scenario | sent | succeeded | failed | lost | wrongly restored | seconds | invariants |"
-    rows = [head, "|---|---:|---:|---:|---:|---:|---:|---|"]
+    """A Markdown table, one row per scenario (what the README shows), from the same `as_dict()` the
+    JSON report is made of."""
+    head = "| " + " | ".join(h for h, _ in COLUMNS) + " |"
+    align = "|" + "|".join("---" if h in ("scenario", "invariants") else "---:" for h, _ in COLUMNS) + "|"
+    rows = [head, align]
     for r in results:
-        verdict = "held" if r.ok else "BROKEN: " + "; ".join(r.problems)
-        rows.append(f"| {r.scenario} | {r.sent} | {r.succeeded} | {r.failed} | {r.lost} | "
-                    f"{r.wrongly_restored} | {r.seconds:.1f} | {verdict} |")
+        row = r.as_dict()
+        rows.append("| " + " | ".join(_cell(fields, row) for _, fields in COLUMNS) + " |")
     return "\n".join(rows)
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import signal
 import time
 from pathlib import Path
 
@@ -17,8 +16,10 @@ from llamafleet_core.llama_client import LlamaClient
 from llamafleet_core.types import SlotRef
 from llamafleet_local.reliability.bed import PREFIX, Bed, kill, until
 from llamafleet_local.reliability.client import QUESTIONS, chat_body, send
-from llamafleet_local.reliability.outcome import SUCCEEDED, ScenarioResult
+from llamafleet_local.reliability.link import SlowLink
+from llamafleet_local.reliability.outcome import SUCCEEDED, ScenarioResult, Sent, agreement
 
+KILL_AFTER_BYTES = 64 * 1024  # of the snapshot file relayed to the puller when its source is killed
 OTHER_REPLICA = "reliability-other-replica"  # holds a pod's slots, as another gateway replica would
 SESSION = " ".join(f"Project note {i}: the service reads its settings from disk and retries twice."
                    for i in range(130))  # ~10K characters: a session prefix worth pulling, not computing
@@ -45,28 +46,27 @@ def damage(folder: Path, name: str, how: str) -> None:
         raise ValueError(f"unknown damage {how!r}")
 
 
-def _requests_on_port(port: int) -> int:
-    """Accepted connections to `port` with unread request bytes (a frozen server's pending requests)."""
-    waiting = 0
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            lines = Path(table).read_text().splitlines()[1:]
-        except OSError:
+def _not_own(folder: Path, names: set[str], own: str) -> list[str]:
+    """Snapshots of `names` visible in `folder` under their real name that are not the pod's own
+    complete file: a copy from another pod, a file without its manifest, or one of another size than
+    its manifest says (a partial transfer renamed too early)."""
+    found = []
+    for name in sorted(names):
+        binary = folder / f"{name}.bin"
+        if not binary.exists():
             continue
-        for line in lines:
-            fields = line.split()
-            local_port = int(fields[1].rsplit(":", 1)[1], 16)
-            rx_queue = int(fields[4].split(":")[1], 16)
-            if local_port == port and fields[3] == "01" and rx_queue > 0:
-                waiting += 1
-    return waiting
+        try:
+            manifest = json.loads((folder / f"{name}.json").read_text())
+        except (OSError, ValueError):
+            found.append(name)
+            continue
+        if manifest.get("source_pod") != own or manifest.get("size") != binary.stat().st_size:
+            found.append(name)
+    return found
 
 
-def _source(folder: Path, name: str) -> str | None:
-    try:
-        return str(json.loads((folder / f"{name}.json").read_text()).get("source_pod"))
-    except (OSError, ValueError):
-        return None
+def _size(folder: Path, name: str) -> int:
+    return int(json.loads((folder / f"{name}.json").read_text())["size"])
 
 
 async def _hold(bed: Bed, pod: int, take: bool) -> None:
@@ -80,52 +80,82 @@ async def _hold(bed: Bed, pod: int, take: bool) -> None:
             await leases.release(ref, OTHER_REPLICA)
 
 
+def _pull_failures(bed: Bed) -> float:
+    """Pulls the gateway saw fail on a request's path (restore-on-miss), whatever the reason."""
+    return bed.sample("llamafleet_router_snapshot_failures_total", op="pull")
+
+
 async def kill_agent(bed: Bed, rounds: int = 2) -> ScenarioResult:
     """A session prefix snapshotted on pod X (first sight); X's slots held by another replica, so the
-    next session goes to pod Y, whose agent pulls the snapshot from X's agent: X's agent is frozen,
-    the pull's request reaches it, and it is SIGKILLed. The answer must come without the snapshot."""
+    next session of it goes to pod Y, whose agent pulls the snapshot from X's agent over a slow link
+    (`SlowLink`). Once part of the file has reached Y, X's agent is SIGKILLed and the link to it cut
+    (the pod is gone). The pull must fail, Y must show no partial file under the snapshot's name, and
+    the answer must be right without the snapshot (computed, or pulled again from elsewhere)."""
     r = ScenarioResult("kill -9 agent mid-transfer", "SIGKILL the agent a peer is pulling a snapshot from")
     started = time.monotonic()
     assert bed.fleet.index is not None
     index = bed.fleet.index.index
-    cut = used = 0
-    results = []
+    cut = used = wrong = 0
+    results, transfers = [], []
     for k in range(rounds):
         system = f"Session {k}. {SESSION}"
+        reference = await bed.reference(QUESTIONS[1], 8, system)
         first = await send(bed.http, [bed.url], chat_body(bed.model, system, QUESTIONS[0], stream=False,
                                                           max_tokens=4), n=2 * k)
         results.append(first)
         x = next((i for i, p in enumerate(bed.fleet.pods) if p.layout.llama_url == first.pod), 0)
         y, source = 1 - x, bed.pod(x)
+        target = bed.pod(y)
 
         async def saved(uid: str = source.layout.llama_url) -> bool:
             return any(s.name.startswith("fs-") for s in await index.snapshots(bed.model, uid))
 
         await until(saved, 10.0)
-        names = {s.name for s in await index.snapshots(bed.model, source.layout.llama_url)}
+        names = {s.name for s in await index.snapshots(bed.model, source.layout.llama_url)
+                 if s.name.startswith("fs-")}
+        failed_before = _pull_failures(bed)
         await _hold(bed, x, True)
-        kill(source.agent.pid, signal.SIGSTOP)
-        try:
-            body = chat_body(bed.model, system, QUESTIONS[1], stream=True, max_tokens=8)
-            pending = asyncio.create_task(send(bed.http, [bed.url], body, n=2 * k + 1, timeout=60.0))
+        async with SlowLink(source.layout.agent_port) as link:
+            await bed.route_agent(x, link.url)
+            try:
+                body = chat_body(bed.model, system, QUESTIONS[1], stream=True, max_tokens=8)
+                pending = asyncio.create_task(send(bed.http, [bed.url], body, n=2 * k + 1, timeout=60.0))
 
-            async def pulling(port: int = source.layout.agent_port) -> bool:
-                return _requests_on_port(port) > 0
+                async def midway(link: SlowLink = link, pending: asyncio.Task[Sent] = pending) -> bool:
+                    return link.file_bytes >= KILL_AFTER_BYTES or pending.done()
 
-            hit = await until(pulling, 10.0, every=0.002)
-            kill(source.agent.pid, signal.SIGKILL)
-        finally:
-            kill(source.agent.pid, signal.SIGCONT)
-        answer = await pending
-        results.append(answer)
+                await until(midway, 15.0, every=0.002)
+                sent = link.file_bytes
+                named_at_kill = _not_own(target.layout.snapshot_dir, names, target.name)
+                kill(source.agent.pid)
+                link.cut()  # its pod's network goes with it (link.py: why a kill alone cannot cut)
+                answer = await pending
+            finally:
+                await bed.route_agent(x, source.layout.agent_url)
         await _hold(bed, x, False)
-        cut += hit is not None
-        used += answer.snapshot in names and answer.pod == bed.pod(y).layout.llama_url
-        # Y may hold the prefix now only as its own computation (first sight saved it there), never as
-        # a copy of X's file: the manifest says where a snapshot's bytes came from.
-        pulled = [n for n in names if n.startswith("fs-")
-                  and _source(bed.pod(y).layout.snapshot_dir, n) not in (None, bed.pod(y).name)]
-        r.expect(not pulled, f"round {k}: pod {y} kept {pulled} from the killed transfer")
+        results.append(answer)
+        size = max((_size(source.layout.snapshot_dir, n) for n in names if n.startswith("fs-")), default=0)
+        # Cut: the file had started to flow when its source died, and never arrived whole.
+        was_cut = link.file_requests > 0 and 0 < sent < size and link.file_bytes < size
+        failed = _pull_failures(bed) - failed_before
+        cut += was_cut
+        used += answer.snapshot in names and answer.pod == target.layout.llama_url
+        right = answer.verdict == SUCCEEDED and agreement(answer.text, reference) >= 0.5
+        wrong += not right
+        # Y may hold the prefix now only as its own computation (first sight saves it there under the
+        # same name), complete, never as a copy of X's file: the manifest says where its bytes came from.
+        named = _not_own(target.layout.snapshot_dir, names, target.name)
+        temps = [p.name for p in target.layout.snapshot_dir.glob(".pull-*")]
+        transfers.append({"bytes_sent_before_kill": sent, "bytes_relayed": link.file_bytes, "size": size,
+                          "pull_failures": int(failed), "action": answer.action})
+        r.expect(was_cut, f"round {k}: no transfer was cut (file requests {link.file_requests}, "
+                          f"{link.file_bytes} of {size} bytes relayed)")
+        r.expect(failed >= 1, f"round {k}: the gateway saw no pull fail")
+        r.expect(not named_at_kill and not named, f"round {k}: pod {y} shows {named_at_kill or named} "
+                                                   "under its real name from the killed transfer")
+        r.expect(not temps, f"round {k}: pod {y} kept the partial transfer {temps}")
+        r.expect(right, f"round {k}: the answer was not right ({answer.verdict}, {answer.text!r} "
+                        f"against {reference!r})")
 
         async def back(i: int = x) -> bool:
             return bed.fleet.pods[i].ready and await bed.pod_ready(i)
@@ -136,10 +166,10 @@ async def kill_agent(bed: Bed, rounds: int = 2) -> ScenarioResult:
     r.finish()
     r.wrongly_restored = used
     r.seconds = time.monotonic() - started
-    r.checks.update({"transfers_cut": cut, "restarts": bed.fleet.progress.restarts,
-                     "actions": [s.action for s in results[1::2]]})
+    await bed.check_leaks(r)
+    r.checks.update({"transfers_cut": cut, "wrong_answers": wrong, "restarts": bed.fleet.progress.restarts,
+                     "transfers": transfers})
     r.expect(r.other_failed == 0 and r.lost == 0, f"{r.other_failed} failed and {r.lost} lost")
-    r.expect(cut == rounds, f"only {cut} of {rounds} rounds caught a pull in flight")
     r.expect(used == 0, f"{used} answers used a snapshot whose transfer was cut")
     return r
 
@@ -185,6 +215,7 @@ async def bad_snapshots(bed: Bed) -> ScenarioResult:
         await _hold(bed, 1, False)
     r.add(results)
     r.finish()
+    await bed.check_leaks(r)
     r.wrongly_restored = accepted
     r.seconds = time.monotonic() - started
     r.checks.update({"refused_by_agent": refused, "actions": [s.action for s in results]})
