@@ -1,20 +1,24 @@
 """`up` keeps a restarted pod out of rotation until every SharedPrefix is warm on it again.
 
-A real fleet (`llamafleet up` in process: 2 llama-servers, agents, Redis, the gateway). Pod 1's
+Real fleets (`llamafleet up` in process: 2 llama-servers, agents, Redis, the gateway). Pod 1's
 llama-server is killed while no copy of the SharedPrefix snapshot can reach it (its own file deleted, the
 peer's hidden): after the restart warming fails, and the pod must stay unroutable, said loudly, rather
 than serve cold. Once the peer can serve the snapshot again, a later warming attempt makes it warm and
-routable without anyone stepping in.
+routable without anyone stepping in. And a pod started again is not ready by the declaration its agent
+kept from before: only `up`'s own warming declares it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import io
 from pathlib import Path
 
 import pytest
 
-from llamafleet_local.reliability.bed import PREFIX, kill, running_fleet, until
+from llamafleet_local.reliability.bed import PREFIX, fleet_config, kill, running_fleet, until
+from llamafleet_local.up import LocalFleet, UpOptions
+from llamafleet_local.up.progress import Reporter
 
 pytestmark = [pytest.mark.llama, pytest.mark.redis]
 
@@ -48,3 +52,22 @@ async def test_a_restarted_pod_that_cannot_be_warmed_is_not_routed_to_and_warmin
         assert progress.prefixes[PREFIX].pods[victim.name].state == "warm"
         assert victim.ready and progress.ready and progress.restarts == 1
         assert f"{victim.name} is warm again and routable" in bed.log.getvalue()
+
+
+async def test_a_pod_started_again_waits_for_ups_declaration_not_the_one_its_agent_kept(
+    llama_server_bin: Path, tmp_path: Path,
+) -> None:
+    """The agent keeps what it must hold in the snapshot folder (for a container restart without a
+    warmer around). A pod `up` starts again holds all its snapshot files, yet its `/ready` (the gateway's
+    routing gate) stays 503 until `up` has warmed it and declared them."""
+    options = UpOptions(port=0, run_dir=tmp_path / "run", pod_timeout=60.0)
+    async with LocalFleet(fleet_config(llama_server_bin), options, Reporter(io.StringIO())) as fleet:
+        await fleet.wait_ready(180.0)
+        pod = fleet.pods[1]
+        ready = pod.layout.agent_url + "/ready"
+        assert (await fleet.http.get(ready)).status_code == 200
+        await pod.stop()
+        await pod.start(fleet.http, fleet.agent_token, 60.0)
+        assert (await fleet.http.get(ready)).status_code == 503
+        await fleet.require(pod)
+        assert (await fleet.http.get(ready)).status_code == 200

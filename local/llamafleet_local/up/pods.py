@@ -17,6 +17,7 @@ from pathlib import Path
 
 import httpx
 
+from llamafleet_agent.required import REQUIRED_FILE
 from llamafleet_core import podspec
 from llamafleet_core.agent_client import AgentClient
 from llamafleet_core.crd.fleet import LlamaFleetSpec
@@ -121,10 +122,15 @@ class LocalPod:
     async def start(self, http: httpx.AsyncClient, agent_token: str, timeout: float = 120.0) -> None:
         """Start both processes. Nothing is declared to the agent yet: it runs with --await-required, so
         its `/ready` (which the gateway routes by) stays 503 until the warmer has warmed the pod and
-        declared what it must hold (`LocalFleet.require`). Returns once the agent knows the model's
-        digest, which fingerprints snapshots: warming must not start before."""
+        declared what it must hold (`LocalFleet.require`), also after a restart. Returns once the agent
+        knows the model's digest, which fingerprints snapshots: warming must not start before."""
         self.ready = False
         self.layout.snapshot_dir.mkdir(parents=True, exist_ok=True)
+        # The agent keeps its declaration in the folder, so that a restarted container is ready again
+        # where no warmer is around. Here `up` is the warmer: a declaration left from before a restart
+        # (or by an earlier run in this folder) is withdrawn, and the pod becomes routable only once
+        # this run has warmed it (verified its snapshots, registered them in the index) and declared.
+        (self.layout.snapshot_dir / REQUIRED_FILE).unlink(missing_ok=True)
         self.server.start()
         await self.server.wait_http(self.layout.llama_url + "/health", http, timeout)
         await self.start_agent(http, agent_token, timeout)
