@@ -35,12 +35,17 @@ class Helm:
             raise AssertionError(f"helm {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
         return result
 
-    def template(self, *values: Path, chart: Path = CHART, sets: tuple[str, ...] = ()) -> list[Manifest]:
+    def template(self, *values: Path, chart: Path = CHART, sets: tuple[str, ...] = (),
+                 extra: tuple[str, ...] = ()) -> list[Manifest]:
         args = ["template", RELEASE, str(chart), "--namespace", NAMESPACE]
         for v in values:
             args += ["--values", str(v)]
         for s in sets:
             args += ["--set", s]
+        return self.render(*args, *extra)
+
+    def render(self, *args: str) -> list[Manifest]:
+        """`helm <args>` (a `template` command) parsed into its objects."""
         return [d for d in yaml.safe_load_all(self.run(*args).stdout) if d]
 
     def template_error(self, *sets: str) -> str:

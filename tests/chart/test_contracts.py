@@ -63,12 +63,16 @@ def test_rbac_is_least_privilege_in_namespace_scope(default: list[Manifest]) -> 
 
 
 def test_rbac_follows_the_watched_namespaces(helm: Helm) -> None:
-    """One Role (and agent-token Secret) per watched namespace; clusterWide switches to a ClusterRole."""
+    """One Role per watched namespace; the agent-token Secret in each of them and in the release namespace
+    (where the gateway and the operator mount it), once each; clusterWide switches to a ClusterRole."""
     objs = helm.template(sets=("operator.watchNamespaces={team-a,team-b}",))
     assert sorted(r["metadata"]["namespace"] for r in by_kind(objs, "Role")) == ["team-a", "team-b"]
     tokens = [s for s in by_kind(objs, "Secret") if s["metadata"]["name"].endswith("agent-token")]
-    assert sorted(s["metadata"]["namespace"] for s in tokens) == ["team-a", "team-b"]
+    assert sorted(s["metadata"]["namespace"] for s in tokens) == sorted([NAMESPACE, "team-a", "team-b"])
     assert len({s["data"]["token"] for s in tokens}) == 1, "every namespace must get the same token"
+    same = helm.template(sets=(f"operator.watchNamespaces={{{NAMESPACE},team-a}}",))
+    tokens = [s for s in by_kind(same, "Secret") if s["metadata"]["name"].endswith("agent-token")]
+    assert sorted(s["metadata"]["namespace"] for s in tokens) == sorted([NAMESPACE, "team-a"])
     wide = helm.template(sets=("operator.clusterWide=true",))
     assert not by_kind(wide, "Role")
     rules = [r for o in by_kind(wide, "ClusterRole") for r in o["rules"]]
