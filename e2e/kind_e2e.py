@@ -20,6 +20,7 @@ import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,9 @@ ROOT = Path(__file__).resolve().parents[1]
 CLUSTER = os.environ.get("LLAMAFLEET_E2E_CLUSTER", "llamafleet-e2e")
 NAMESPACE = "llamafleet"
 RELEASE = "llamafleet"
+CHART = ROOT / "charts" / "llamafleet"
+CRD_CHART = ROOT / "charts" / "llamafleet-crds"
+GATEWAY_SERVICE = f"{RELEASE}-gateway"  # the chart's <fullname>-gateway; fullname is the release name here
 TAG = "e2e"
 IMAGE = f"llamafleet/llamafleet:{TAG}"
 SERVER_IMAGE = f"llamafleet/llama-server:{TAG}"
@@ -95,14 +99,45 @@ def create_cluster(kind: str) -> None:
         run(kind, "load", "docker-image", image, "--name", CLUSTER, timeout=600)
 
 
+@dataclass(frozen=True)
+class Release:
+    """One `helm upgrade --install` of the e2e: the release, its chart, its namespace (None: the
+    kubeconfig's) and the values flags (`--values`, `--set`, `--set-json`)."""
+
+    name: str
+    chart: Path
+    namespace: str | None
+    values: tuple[str, ...] = ()
+
+    def install_args(self) -> list[str]:
+        """The arguments of `helm upgrade --install` (the cluster comes from --kubeconfig, added by the
+        caller)."""
+        ns = ["--namespace", self.namespace, "--create-namespace"] if self.namespace else []
+        return ["upgrade", "--install", self.name, str(self.chart), *ns, *self.values,
+                "--wait", "--timeout", "5m"]
+
+    def template_args(self) -> list[str]:
+        """`helm template` with exactly the same release, chart, namespace and values: what the install
+        would apply, rendered offline (tests/chart/test_e2e_install.py validates it)."""
+        ns = ["--namespace", self.namespace] if self.namespace else []
+        return ["template", self.name, str(self.chart), *ns, *self.values]
+
+
+def releases() -> list[Release]:
+    """The e2e's two releases, in install order: the CRDs, then the chart with the CPU example values, the
+    images built here, and no fleet or prefix from values (the test applies its own, see manifests())."""
+    return [
+        Release("llamafleet-crds", CRD_CHART, None),
+        Release(RELEASE, CHART, NAMESPACE, (
+            "--values", str(CHART / "examples" / "values-cpu-test.yaml"),
+            "--set", f"image.repository={IMAGE.split(':')[0]}", "--set", f"image.tag={TAG}",
+            "--set-json", "fleets=[]", "--set-json", "sharedPrefixes=[]")),
+    ]
+
+
 def install_chart(helm: Path, kubeconfig: Path) -> None:
-    k = ("--kubeconfig", str(kubeconfig))
-    run(helm, *k, "upgrade", "--install", "llamafleet-crds", ROOT / "charts" / "llamafleet-crds", "--wait")
-    chart = ROOT / "charts" / "llamafleet"
-    run(helm, *k, "upgrade", "--install", RELEASE, chart, "--namespace", NAMESPACE,
-        "--create-namespace", "--values", chart / "examples" / "values-cpu-test.yaml",
-        "--set", f"image.repository={IMAGE.split(':')[0]}", "--set", f"image.tag={TAG}",
-        "--set-json", "fleets=[]", "--set-json", "sharedPrefixes=[]", "--wait", "--timeout", "5m")
+    for release in releases():
+        run(helm, "--kubeconfig", str(kubeconfig), *release.install_args())
 
 
 def manifests(profile: Any) -> list[dict[str, Any]]:
@@ -140,7 +175,7 @@ def port_forward(kubectl: Path, kubeconfig: Path) -> Iterator[str]:
     port = free_port()
     proc = subprocess.Popen(
         [str(kubectl), "--kubeconfig", str(kubeconfig), "-n", NAMESPACE, "port-forward", "--address",
-         "127.0.0.1", f"svc/{RELEASE}-gateway", f"{port}:80"],
+         "127.0.0.1", f"svc/{GATEWAY_SERVICE}", f"{port}:80"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 30

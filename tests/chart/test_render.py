@@ -4,7 +4,6 @@ Kubernetes schemas (kubernetes-validate, strict) and every custom resource again
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import jsonschema
 import kubernetes_validate
@@ -12,24 +11,19 @@ import pytest
 import yaml
 from e2e.kind_e2e import manifests
 
-from llamafleet_core.crd.models import LlamaFleet, SharedPrefix
 from llamafleet_local.workload import WorkloadSpec, make_profile
-from tests.chart.conftest import CHART, CRD_CHART, EXAMPLES, ROOT, Helm, Manifest, by_kind
+from tests.chart.conftest import CHART, CRD_CHART, EXAMPLES, Helm, Manifest, by_kind
+from tests.chart.validation import (
+    CR_MODELS,
+    CRDS,
+    FOREIGN,
+    K8S_VERSION,
+    crd_schemas,
+    validate_builtin,
+    validate_custom,
+)
 
-K8S_VERSION = "1.32"
-CRDS = ROOT / "crds"
-CR_MODELS: dict[str, Any] = {"LlamaFleet": LlamaFleet, "SharedPrefix": SharedPrefix}
-# Kinds of other operators' CRDs that the chart may render; no schema ships offline for them.
-FOREIGN = {"ServiceMonitor", "PodMonitor"}
 CASES = [pytest.param((), id="defaults"), *(pytest.param((p,), id=p.stem) for p in EXAMPLES)]
-
-
-def crd_schemas() -> dict[str, dict[str, Any]]:
-    out = {}
-    for path in CRDS.glob("*.yaml"):
-        crd = yaml.safe_load(path.read_text())
-        out[crd["spec"]["names"]["kind"]] = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
-    return out
 
 
 def test_both_examples_exist() -> None:
@@ -56,25 +50,19 @@ def test_every_object_passes_the_official_schema_strictly(helm: Helm, values: tu
     objs = helm.template(*values)
     assert len(objs) >= 15
     for obj in objs:
-        if obj["kind"] in CR_MODELS or obj["kind"] in FOREIGN:
-            continue
-        try:
-            kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
-        except kubernetes_validate.ValidationError as exc:  # pragma: no cover - the failure message
-            pytest.fail(f"{obj['kind']}/{obj['metadata']['name']}: {exc.message} at {list(exc.path)}")
+        if obj["kind"] not in CR_MODELS and obj["kind"] not in FOREIGN:
+            validate_builtin(obj)
 
 
 @pytest.mark.parametrize("values", CASES)
 def test_custom_resources_match_the_crd_schemas(helm: Helm, values: tuple[Path, ...]) -> None:
     """Fleets and prefixes from values validate against the generated CRDs (structure, types, ranges)
     and against the pydantic models (the cross-field rules the CRD states in CEL)."""
-    schemas = crd_schemas()
     crs = [o for o in helm.template(*values) if o["kind"] in CR_MODELS]
     if values:
         assert {o["kind"] for o in crs} == set(CR_MODELS)
     for obj in crs:
-        jsonschema.validate(obj, schemas[obj["kind"]])
-        CR_MODELS[obj["kind"]].model_validate(obj)
+        validate_custom(obj)
 
 
 def test_a_bad_custom_resource_fails_the_crd_schema(helm: Helm) -> None:
@@ -133,7 +121,5 @@ def test_examples_render_the_objects_they_promise(helm: Helm) -> None:
 
 def test_kind_e2e_manifests_match_the_crd_schemas() -> None:
     """The e2e test cannot run here; its LlamaFleet and SharedPrefix are checked offline at least."""
-    schemas = crd_schemas()
     for obj in manifests(make_profile(WorkloadSpec(prefix_chars=2_000))):
-        jsonschema.validate(obj, schemas[obj["kind"]])
-        CR_MODELS[obj["kind"]].model_validate(obj)
+        validate_custom(obj)
