@@ -147,6 +147,9 @@ def create_app(
         manifests = store.list_all()
         metrics.stored_count.set(len(manifests))
         metrics.stored_bytes.set(sum(m.size for m in manifests))
+        pinned = [m for m in manifests if m.pinned]
+        metrics.pinned_count.set(len(pinned))
+        metrics.pinned_bytes.set(sum(m.size for m in pinned))
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     @operation("fingerprint")

@@ -46,6 +46,18 @@ class AgentMetrics:
         self.stored_count = Gauge(
             "llamafleet_agent_snapshots", "Snapshots in the folder.", registry=registry
         )
+        # Pinned snapshots are the SharedPrefix ones (the operator's warming saves and pulls them pinned;
+        # eviction takes them last): how many prefixes this pod holds warm, unlike the count above, which
+        # also counts conversation snapshots the gateway saved.
+        self.pinned_count = Gauge(
+            "llamafleet_agent_pinned_snapshots",
+            "Pinned snapshots in the folder: the SharedPrefix snapshots this pod holds warm.",
+            registry=registry,
+        )
+        self.pinned_bytes = Gauge(
+            "llamafleet_agent_pinned_bytes", "Bytes of the pinned (SharedPrefix) snapshots in the folder.",
+            registry=registry,
+        )
         self.features_known = Gauge(
             "llamafleet_agent_server_features_known",
             "1 once this pod's llama-server help text was read and recognised, else 0.",

@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
 from starlette.applications import Starlette
 
 from llamafleet_agent import AgentSettings, create_app
@@ -48,14 +49,15 @@ def _app(folder: Path, http: httpx.AsyncClient, **overrides: Any) -> Starlette:
     return create_app(settings, llama=PropsOnly(), http=http, registry=CollectorRegistry(), token=TOKEN)
 
 
-def _publish(folder: Path, name: str, tokens: list[int], **fp: Any) -> SnapshotManifest:
+def _publish(folder: Path, name: str, tokens: list[int], *, pinned: bool = False,
+             **fp: Any) -> SnapshotManifest:
     """Put a snapshot in a peer's folder as its agent would have saved it."""
     _state_file(folder / f"{name}.bin", tokens)
     data = (folder / f"{name}.bin").read_bytes()
     fingerprint = Fingerprint(model_sha256=MODEL_SHA, build="b1-test", n_slots=2, n_ctx_slot=4096, **fp)
     manifest = SnapshotManifest(name=name, fingerprint=fingerprint, n_tokens=len(tokens),
                                 tokens_sha256=tokens_sha256(tokens), size=len(data),
-                                sha256=hashlib.sha256(data).hexdigest())
+                                sha256=hashlib.sha256(data).hexdigest(), pinned=pinned)
     (folder / f"{name}.json").write_text(manifest.model_dump_json())
     return manifest
 
@@ -156,6 +158,25 @@ async def test_served_snapshot_released_when_transfer_ends(tmp_path: Path) -> No
         assert resp.status_code == 200 and resp.content == (tmp_path / "p.bin").read_bytes()
         assert not app.state.store.is_in_use("p")
         assert (await raw.delete("/v1/snapshots/p", headers=auth)).status_code == 200
+
+
+async def test_metrics_count_the_pinned_shared_prefix_snapshots_apart(tmp_path: Path) -> None:
+    """The dashboard's warm-prefixes panel: pinned snapshots (the SharedPrefix ones the operator warms)
+    are counted, with their bytes, apart from every snapshot in the folder (conversations included)."""
+    prefixes = [_publish(tmp_path, f"prefix-{i}", list(range(40 + i)), pinned=True) for i in range(2)]
+    _publish(tmp_path, "conversation", list(range(300)))
+    app = _app(tmp_path, httpx.AsyncClient())
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://a") as raw:
+        text = (await raw.get("/metrics", headers={"Authorization": f"Bearer {TOKEN}"})).text
+        values = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+        assert values["llamafleet_agent_pinned_snapshots"] == 2
+        assert values["llamafleet_agent_pinned_bytes"] == sum(m.size for m in prefixes)
+        assert values["llamafleet_agent_snapshots"] == 3
+        (tmp_path / "prefix-0.json").unlink()  # evicted or deleted: the next scrape says so
+        text = (await raw.get("/metrics", headers={"Authorization": f"Bearer {TOKEN}"})).text
+        values = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+        assert values["llamafleet_agent_pinned_snapshots"] == 1
+        assert values["llamafleet_agent_pinned_bytes"] == prefixes[1].size
 
 
 async def test_probes_public_and_ready_when_digest_known(tmp_path: Path) -> None:

@@ -45,14 +45,18 @@ def test_dashboard_queries_only_exported_metrics() -> None:
 
 def test_dashboard_covers_what_operators_watch() -> None:
     """TTFT, cached-token ratio, predicted vs actual reuse, decisions by action, restore counts and
-    times, snapshots per pod, degraded mode: each has a panel."""
-    text = " ".join(expressions(json.loads(DASHBOARD.read_text())))
+    times, warm prefixes per pod, degraded mode: each has a panel."""
+    dashboard = json.loads(DASHBOARD.read_text())
+    text = " ".join(expressions(dashboard))
     for needle in ("upstream_ttft_seconds_bucket", "actual_cached_tokens_total", "prompt_tokens_total",
                    "predicted_cached_tokens_total", "sum by (action) (rate(llamafleet_router_decisions_total",
                    'llamafleet_agent_operations_total{op="restore"}',
-                   'llamafleet_agent_operation_seconds_bucket{op="restore"}', "llamafleet_agent_snapshots",
-                   "llamafleet_router_index_degraded"):
+                   'llamafleet_agent_operation_seconds_bucket{op="restore"}',
+                   "llamafleet_agent_pinned_snapshots", "llamafleet_router_index_degraded"):
         assert needle in text, needle
+    # Warm prefixes are the pinned SharedPrefix snapshots, not every snapshot in the folder.
+    (warm,) = [p for p in dashboard["panels"] if "warm prefixes" in p["title"].lower()]
+    assert "llamafleet_agent_pinned_snapshots" in warm["targets"][0]["expr"]
 
 
 def test_dashboard_panels_have_unique_ids_and_fit_the_grid() -> None:
