@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 help:
 	@echo "make demo   - build or reuse llama-server and a tiny model, run the demo"
 	@echo "make test   - lint, type-check and run the whole test suite against real processes"
-	@echo "make test-fast - only the tests that need no llama-server (pytest -m 'not llama')"
+	@echo "make test-fast - only the tests that need no llama-server, sdist or tiny model (pytest -m 'not llama and not models')"
 	@echo "make bench  - the seed table: llamafleet against llama-server and sglang-router (~15 min)"
 	@echo "make reliability - the fault scenarios and their figures (~1 min)"
 
@@ -48,8 +48,9 @@ crds: venv
 test: bed check
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
+# Needs nothing of the bed: no llama-server build, no llama.cpp sdist, no tiny model (tests/fixtures/bed_guard.py).
 test-fast: venv
-	$(VENV)/bin/pytest -m "not llama" $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -m "not llama and not models" $(PYTEST_ARGS)
 
 demo: bed
 	$(VENV)/bin/llamafleet demo

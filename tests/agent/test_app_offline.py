@@ -189,6 +189,7 @@ async def test_probes_public_and_ready_when_digest_known(tmp_path: Path) -> None
         assert resp.status_code == 200 and resp.json()["model_digest"]
 
 
+@pytest.mark.models
 async def test_ready_says_how_the_models_slots_resume(tmp_path: Path, tiny_models: TinyModels) -> None:
     """The router learns from /ready whether slots of this pod resume anywhere (attention-only) or only
     at context checkpoints (the hybrid model's recurrent layers): read from the model file itself."""

@@ -12,6 +12,7 @@ from llamafleet_local.tinymodels import RECIPES
 from tests.fixtures.llama import TinyModels
 
 
+@pytest.mark.models
 def test_metadata_matches_the_recipe_the_tiny_models_were_written_from(tiny_models: TinyModels) -> None:
     """Scalars and strings come back as written (the vocabulary, ~150K strings, is skipped)."""
     for name, path in (("tiny-dense", tiny_models.dense), ("tiny-hybrid", tiny_models.hybrid)):
@@ -26,6 +27,7 @@ def test_metadata_matches_the_recipe_the_tiny_models_were_written_from(tiny_mode
         assert len(read_metadata(path, arrays=True)["tokenizer.ggml.tokens"]) > 1000
 
 
+@pytest.mark.models
 def test_attention_only_model_resumes_anywhere_and_hybrid_only_at_checkpoints(
     tiny_models: TinyModels,
 ) -> None:

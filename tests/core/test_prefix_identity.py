@@ -9,30 +9,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from llamafleet_core.prefix import (
-    ChatTemplate,
     PromptError,
     chat_identity,
     common_blocks,
     completion_identity,
     special_token_start,
 )
-from llamafleet_local.llama_build import source_dir
+from tests.fixtures.templates import TOOLS_AFTER, TOOLS_FIRST, Templates
 
-CAPS = {"supports_string_content": True, "supports_typed_content": False, "supports_system_role": True,
-        "supports_tool_calls": True, "supports_object_arguments": True}
 TOOLS = [
     {"type": "function", "function": {"name": f"t{i}", "description": "d" * 300,
                                       "parameters": {"type": "object", "properties": {}}}}
     for i in range(3)
 ]
-
-
-def load(name: str) -> ChatTemplate:
-    caps = {**CAPS, "supports_typed_content": name.startswith("Qwen3.5")}
-    return ChatTemplate(source=(source_dir() / "models" / "templates" / name).read_text(), caps=caps)
-
-
-TEMPLATES = {name: load(name) for name in ("Qwen3.5-4B.jinja", "Qwen-Qwen3-0.6B.jinja")}
+TEMPLATES = Templates(TOOLS_FIRST, TOOLS_AFTER)
 
 
 def history(last_user: str, *, tools: bool = True, turns: int = 2, tail_tool: bool = False) -> dict[str, Any]:
@@ -54,6 +44,7 @@ def history(last_user: str, *, tools: bool = True, turns: int = 2, tail_tool: bo
     return body
 
 
+@pytest.mark.models
 @pytest.mark.parametrize("name", TEMPLATES)
 @pytest.mark.parametrize("turns", [0, 2])
 @pytest.mark.parametrize("tools", [True, False])
@@ -64,6 +55,7 @@ def test_cut_lands_on_the_last_user_turn_marker(name: str, turns: int, tools: bo
     assert ident.text[ident.session_prefix_chars:].startswith("<|im_start|>user\nthe last question<|im_end|>")
 
 
+@pytest.mark.models
 @pytest.mark.parametrize("name", TEMPLATES)
 def test_sessions_share_the_session_prefix_when_only_the_last_user_message_differs(name: str) -> None:
     a = chat_identity(history("first session", turns=1), TEMPLATES[name], model="m", block_chars=64)
@@ -74,6 +66,7 @@ def test_sessions_share_the_session_prefix_when_only_the_last_user_message_diffe
     assert a.blocks[: len(a.session_blocks)] == a.session_blocks
 
 
+@pytest.mark.models
 @pytest.mark.parametrize("name", TEMPLATES)
 @pytest.mark.parametrize("tools", [True, False])
 def test_shared_prefix_ends_before_the_first_user_message_when_the_conversation_has_history(
@@ -96,6 +89,7 @@ def test_shared_prefix_is_the_session_prefix_in_the_fallback_render_of_a_first_t
     assert later.shared_chars == ident.session_prefix_chars < later.session_prefix_chars
 
 
+@pytest.mark.models
 @pytest.mark.parametrize("name", TEMPLATES)
 def test_cut_stays_before_the_last_user_message_when_tool_turns_follow_it(name: str) -> None:
     ident = chat_identity(history("do it", tail_tool=True), TEMPLATES[name], model="m")
@@ -103,6 +97,7 @@ def test_cut_stays_before_the_last_user_message_when_tool_turns_follow_it(name: 
     assert rest.startswith("<|im_start|>user\ndo it<|im_end|>") and "late result" in rest
 
 
+@pytest.mark.models
 def test_cut_falls_on_a_marker_when_the_template_renders_the_history_differently() -> None:
     """Qwen3.5 adds `<think>` blocks to assistant turns after the last query; the cut is still the
     last user message's marker because the probe keeps a user turn at the end."""
@@ -132,6 +127,7 @@ def test_special_token_start_backs_off_to_the_marker_at_or_before_the_position()
     assert special_token_start("ab[INST]cd[INST]", 9, markers=["[INST]"]) == 2
 
 
+@pytest.mark.models
 def test_models_never_share_blocks_when_prompts_are_equal() -> None:
     body = history("q")
     a = chat_identity(body, TEMPLATES["Qwen-Qwen3-0.6B.jinja"], model="a")
@@ -151,6 +147,7 @@ def test_completion_identity_serialises_token_prompts_canonically() -> None:
     assert a.rendered_by == "fallback" and a.text == b.text and "[1,2,3]" in a.text
 
 
+@pytest.mark.models
 @pytest.mark.parametrize("body", [None, [], "x", {}, {"messages": None}, {"messages": {"role": "user"}}])
 def test_prompt_error_is_raised_when_there_are_no_messages(body: Any) -> None:
     with pytest.raises(PromptError):
@@ -179,6 +176,7 @@ bodies = st.fixed_dictionaries(
 ) | json_values
 
 
+@pytest.mark.models
 @settings(max_examples=150, deadline=None)
 @given(bodies, st.sampled_from(list(TEMPLATES)))
 def test_any_json_body_gives_an_identity_or_prompt_error(body: Any, name: str) -> None:

@@ -58,6 +58,7 @@ def test_output_and_string_filter_print_python_style_scalars() -> None:
     assert llama_str({"a": "x", "b": [1]}) == "{'a': 'x', 'b': [1]}"
 
 
+@pytest.mark.models
 def test_plain_chat_renders_chatml_when_no_tools(qwen3: ChatTemplate) -> None:
     body = {"messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "Hi"}]}
     r = render_chat(qwen3, body)
@@ -66,6 +67,7 @@ def test_plain_chat_renders_chatml_when_no_tools(qwen3: ChatTemplate) -> None:
                       "<|im_start|>assistant\n")
 
 
+@pytest.mark.models
 def test_generation_prompt_opens_think_block_when_thinking_on(qwen35: ChatTemplate) -> None:
     body: dict[str, Any] = {"messages": [{"role": "user", "content": "Hi"}]}
     expected = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n"
@@ -74,6 +76,7 @@ def test_generation_prompt_opens_think_block_when_thinking_on(qwen35: ChatTempla
     assert render_chat(qwen35, body).text.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
 
 
+@pytest.mark.models
 def test_tools_are_rebuilt_without_unknown_fields_when_rendered(qwen3: ChatTemplate) -> None:
     """llama-server keeps only name, description and parameters of each tool (so `strict` vanishes)."""
     msgs = [{"role": "system", "content": "S"}, {"role": "user", "content": "Hi"}]
@@ -83,12 +86,14 @@ def test_tools_are_rebuilt_without_unknown_fields_when_rendered(qwen3: ChatTempl
     assert f"<tools>\n{TOOL_JSON}\n</tools>" in text
 
 
+@pytest.mark.models
 def test_empty_tool_list_renders_like_no_tools(qwen35: ChatTemplate) -> None:
     msgs = [{"role": "user", "content": "Hi"}]
     with_empty = render_chat(qwen35, {"messages": msgs, "tools": []})
     assert with_empty.text == render_chat(qwen35, {"messages": msgs}).text
 
 
+@pytest.mark.models
 def test_string_tool_arguments_are_parsed_when_template_reads_objects(qwen3: ChatTemplate) -> None:
     """With object-argument caps the server parses the arguments string, and tojson re-prints it."""
     fn = {"name": "read", "arguments": '{"path":"a.txt","n":2.0}'}
@@ -102,6 +107,7 @@ def test_string_tool_arguments_are_parsed_when_template_reads_objects(qwen3: Cha
     assert "<|im_start|>user\n<tool_response>\ndata\n</tool_response><|im_end|>\n" in text
 
 
+@pytest.mark.models
 def test_object_tool_arguments_render_as_parameters_when_qwen35(qwen35: ChatTemplate) -> None:
     fn = {"name": "read", "arguments": {"path": "a.txt", "opts": {"x": 1}}}
     call = {"type": "function", "function": fn}
@@ -112,12 +118,14 @@ def test_object_tool_arguments_render_as_parameters_when_qwen35(qwen35: ChatTemp
             '<parameter=opts>\n{"x": 1}\n</parameter>\n</function>\n</tool_call><|im_end|>') in text
 
 
+@pytest.mark.models
 def test_text_parts_are_joined_with_newlines_when_template_takes_strings_only(qwen3: ChatTemplate) -> None:
     parts = [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
     text = render_chat(qwen3, {"messages": [{"role": "user", "content": parts}]}).text
     assert text.startswith("<|im_start|>user\na\nb<|im_end|>")
 
 
+@pytest.mark.models
 def test_text_parts_are_concatenated_by_the_template_when_it_takes_typed_content(
     qwen35: ChatTemplate,
 ) -> None:
@@ -126,6 +134,7 @@ def test_text_parts_are_concatenated_by_the_template_when_it_takes_typed_content
     assert text.startswith("<|im_start|>user\nab<|im_end|>")
 
 
+@pytest.mark.models
 def test_template_error_falls_back_to_canonical_render_when_template_raises(qwen35: ChatTemplate) -> None:
     """Qwen3.5 raises without a user query; the client still gets an identity, marked fallback."""
     body = {"messages": [{"role": "system", "content": "S"}]}
@@ -134,6 +143,7 @@ def test_template_error_falls_back_to_canonical_render_when_template_raises(qwen
     assert r.text == canonical_render(None, body["messages"]) == "<|system|>\nS\n<|assistant|>\n"
 
 
+@pytest.mark.models
 @pytest.mark.parametrize("body", [
     {"messages": [{"role": "user"}]},
     {"messages": [{"role": 3, "content": "x"}]},
@@ -181,6 +191,7 @@ def test_raise_exception_makes_the_render_fall_back() -> None:
     assert r.path == "fallback" and "boom" in (r.error or "")
 
 
+@pytest.mark.models
 def test_compiled_templates_and_renders_are_cached_when_inputs_repeat(qwen3: ChatTemplate) -> None:
     cache = TemplateCache(max_templates=1, max_renders=2)
     assert cache.compile("a{{ 1 }}") is cache.compile("a{{ 1 }}")

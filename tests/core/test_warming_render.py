@@ -19,21 +19,11 @@ from llamafleet_core.warming import (
     render_prefix,
     snapshot_name,
 )
-from llamafleet_local.llama_build import source_dir
 from llamafleet_local.workload import WorkloadSpec, make_profile
+from tests.fixtures.templates import TOOLS_AFTER, TOOLS_FIRST, Templates
 
-CAPS = {"supports_string_content": True, "supports_typed_content": False, "supports_system_role": True,
-        "supports_tool_calls": True, "supports_object_arguments": True}
-TOOLS_FIRST, TOOLS_AFTER = "Qwen3.5-4B.jinja", "Qwen-Qwen3-0.6B.jinja"
 PROFILE = make_profile(WorkloadSpec(prefix_chars=6_000))
-
-
-def load(name: str) -> ChatTemplate:
-    caps = {**CAPS, "supports_typed_content": name == TOOLS_FIRST}
-    return ChatTemplate(source=(source_dir() / "models" / "templates" / name).read_text(), caps=caps)
-
-
-TEMPLATES = {name: load(name) for name in (TOOLS_FIRST, TOOLS_AFTER)}
+TEMPLATES = Templates(TOOLS_FIRST, TOOLS_AFTER)
 
 
 def source(**kw: Any) -> PrefixSource:
@@ -44,6 +34,7 @@ def source(**kw: Any) -> PrefixSource:
     return PrefixSource(**{**values, **kw})
 
 
+@pytest.mark.models
 @pytest.mark.parametrize("name", list(TEMPLATES))
 @pytest.mark.parametrize("question", ["Please list the files.", "x", "\u00fcber"])
 def test_every_first_turn_prompt_starts_with_the_prefix_when_rendered_by_the_router(
@@ -64,18 +55,21 @@ def test_every_first_turn_prompt_starts_with_the_prefix_when_rendered_by_the_rou
     assert identity.blocks[: len(blocks)] == blocks
 
 
+@pytest.mark.models
 def test_tools_come_before_the_system_prompt_when_the_template_renders_them_first() -> None:
     prefix = render_prefix(source(), TEMPLATES[TOOLS_FIRST])
     tool_name = PROFILE.tools[0]["function"]["name"]
     assert 0 <= prefix.index(tool_name) < prefix.index(PROFILE.system_prompt[:60])
 
 
+@pytest.mark.models
 def test_tools_come_after_the_system_prompt_when_the_template_renders_them_after() -> None:
     prefix = render_prefix(source(), TEMPLATES[TOOLS_AFTER])
     tool_name = PROFILE.tools[0]["function"]["name"]
     assert 0 <= prefix.index(PROFILE.system_prompt[:60]) < prefix.index(tool_name)
 
 
+@pytest.mark.models
 @pytest.mark.parametrize("name", list(TEMPLATES))
 def test_tools_alone_or_system_alone_render_a_prefix(name: str) -> None:
     only_tools = render_prefix(source(messages=()), TEMPLATES[name])
@@ -84,6 +78,7 @@ def test_tools_alone_or_system_alone_render_a_prefix(name: str) -> None:
     assert PROFILE.system_prompt in only_system and "<tools>" not in only_system
 
 
+@pytest.mark.models
 def test_raw_text_is_used_as_is_whatever_the_template() -> None:
     raw = "You are terse.\n<|im_start|>system\nraw"
     assert render_prefix(source(text=raw, tools=(), messages=()), TEMPLATES[TOOLS_FIRST]) == raw
@@ -99,6 +94,7 @@ def test_render_failure_is_a_warm_error_when_the_template_cannot_render(template
         render_prefix(source(), template)
 
 
+@pytest.mark.models
 def test_a_prefix_without_anything_is_a_warm_error() -> None:
     with pytest.raises(WarmError):
         render_prefix(source(tools=(), messages=()), TEMPLATES[TOOLS_FIRST])

@@ -36,6 +36,7 @@ def _template(name: str) -> str:
     return (source_dir() / "models" / "templates" / RECIPES[name].template).read_text()
 
 
+@pytest.mark.models
 def test_write_is_byte_identical_when_written_twice(tmp_path: Path) -> None:
     """Same recipe, same bytes: and the cached file equals a fresh write, so a writer change that
     forgot to bump RECIPE_VERSION is caught here instead of serving a stale model."""
@@ -46,6 +47,7 @@ def test_write_is_byte_identical_when_written_twice(tmp_path: Path) -> None:
     assert _sha256(ensure_model("tiny-hybrid")) == _sha256(first)
 
 
+@pytest.mark.models
 def test_seed_changes_the_weights_when_everything_else_is_equal(tmp_path: Path) -> None:
     """The weights really come from the seeded generator (a writer that wrote zeros would pass the
     determinism test above)."""
@@ -75,6 +77,7 @@ def test_cache_key_changes_when_any_part_of_the_recipe_changes(monkeypatch: pyte
     assert len(variants) == 6
 
 
+@pytest.mark.models
 def test_every_model_has_its_own_cache_path_when_names_differ() -> None:
     paths = {model_path(name) for name in MODEL_NAMES}
     assert len(paths) == len(MODEL_NAMES) == 4
@@ -110,6 +113,7 @@ def dense_reader() -> Any:
         return gguf.GGUFReader(path)
 
 
+@pytest.mark.models
 @pytest.mark.slow
 def test_written_file_carries_real_tokenizer_and_template_when_read_back(dense_reader: Any) -> None:
     """GGUFReader (gguf's own parser, not our writer) sees the vocab's tokenizer keys, the template
