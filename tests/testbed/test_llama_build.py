@@ -69,3 +69,62 @@ def test_cli_prints_the_binary_path(cache: Path, capsys: pytest.CaptureFixture[s
     assert llama_build.main([]) == 0
     assert capsys.readouterr().out.strip() == str(binary)
     assert os.access(binary, os.X_OK)
+
+
+X86 = """processor\t: 0
+vendor_id\t: GenuineIntel
+model name\t: Intel(R) Xeon(R) Processor
+flags\t\t: fpu sse2 avx avx2 avx512f
+bugs\t\t: spectre_v1
+
+processor\t: 1
+vendor_id\t: GenuineIntel
+model name\t: Intel(R) Xeon(R) Processor
+flags\t\t: fpu sse2 avx avx2 avx512f
+"""
+
+
+def _key_with(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, cpuinfo: str) -> str:
+    path = tmp_path / "cpuinfo"
+    path.write_text(cpuinfo)
+    monkeypatch.setattr(llama_build, "CPUINFO", path)
+    return llama_build.build_key()
+
+
+def test_build_key_follows_the_cpu_flags_not_only_the_model_name(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """-march=native: the same model name without AVX-512 (a VM hiding it) must not reuse the binary."""
+    base = _key_with(monkeypatch, tmp_path, X86)
+    assert _key_with(monkeypatch, tmp_path, X86.replace(" avx512f", "")) != base
+    assert _key_with(monkeypatch, tmp_path, X86.replace("Xeon(R) Processor", "EPYC 9654")) != base
+
+
+def test_build_key_is_stable_on_one_machine(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Same CPU, same key: on every call, whatever the order of cores or of flags within a line, and
+    whatever else /proc/cpuinfo says (bugs, MHz)."""
+    base = _key_with(monkeypatch, tmp_path, X86)
+    assert _key_with(monkeypatch, tmp_path, X86) == base
+    reordered = X86.replace("fpu sse2 avx avx2 avx512f", "avx512f avx2 fpu avx sse2", 1)
+    assert _key_with(monkeypatch, tmp_path, reordered) == base
+    noise = X86.replace("spectre_v1", "spectre_v2") + "cpu MHz\t: 1.0\n"
+    assert _key_with(monkeypatch, tmp_path, noise) == base
+    monkeypatch.setattr(llama_build, "CPUINFO", Path("/proc/cpuinfo"))
+    assert llama_build.build_key() == llama_build.build_key()
+
+
+def test_cpu_identity_reads_arm_features_and_survives_a_missing_cpuinfo(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    arm = "processor\t: 0\nFeatures\t: fp asimd sve\nCPU part\t: 0xd40\n"
+    assert llama_build.cpu_identity(arm) != llama_build.cpu_identity(arm.replace(" sve", ""))
+    assert "flags sha256" in llama_build.cpu_identity(X86)
+    monkeypatch.setattr(llama_build, "CPUINFO", tmp_path / "absent")
+    assert llama_build.cpu_identity() == llama_build.platform.machine()
+
+
+def test_the_cache_layout_is_version_then_key() -> None:
+    """llama-server/<sdist version>-<12 hex>/llama-server, as before the flags joined the key."""
+    version, _, digest = llama_build.build_key().partition("-")
+    assert version == llama_build.SDIST_VERSION and len(digest) == 12
+    int(digest, 16)
