@@ -149,11 +149,16 @@ class Fleet:
         raise TimeoutError(f"the gateway did not see all {len(self.fleet.pods)} pods within {timeout:.0f}s")
 
     async def restart_all(self) -> None:
-        from llamafleet_local.up.supervise import restart
+        from llamafleet_local.up.supervise import restart, rewarm
 
         before = await self._epochs()
         for pod in self.fleet.pods:
             await restart(self.fleet, pod)
+        # As `up` does after a restart: warm again (every pod is restarted, so a SharedPrefix comes from
+        # the snapshot files the pods kept), then declare, which makes the pod routable.
+        for pod in self.fleet.pods:
+            if cold := await rewarm(self.fleet, pod):
+                raise RuntimeError(f"{pod.name} is not warm after its restart: {'; '.join(cold)}")
         # As at start: "every pod restarted" means the gateway routes to every pod again, in its new
         # epoch. A request sent while a pod is still down in the gateway's view could not find that
         # pod's snapshots (the gateway records them again when it sees the pod back).
