@@ -13,9 +13,11 @@ from __future__ import annotations
 import asyncio
 import io
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from llamafleet_core.agent_client import AgentClient, AgentError
 from llamafleet_local.reliability.bed import PREFIX, fleet_config, kill, running_fleet, until
 from llamafleet_local.up import LocalFleet, UpOptions
 from llamafleet_local.up.progress import Reporter
@@ -71,3 +73,43 @@ async def test_a_pod_started_again_waits_for_ups_declaration_not_the_one_its_age
         assert (await fleet.http.get(ready)).status_code == 503
         await fleet.require(pod)
         assert (await fleet.http.get(ready)).status_code == 200
+
+
+async def test_a_pod_that_missed_a_prefix_at_start_is_not_routed_to_until_warming_again_succeeds(
+    llama_server_bin: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """At start, pod 1's copy of the SharedPrefix fails (its first pull is refused): it must not be
+    declared ready with nothing (routable cold while its peer holds the prefix), but stay out of
+    rotation until the supervisor's next warming attempt succeeds."""
+    refused: list[str] = []
+    real_pull = AgentClient.pull
+
+    async def pull_failing_once(self: AgentClient, name: str, source: str, **kwargs: Any) -> Any:
+        if not refused:
+            refused.append(name)
+            raise AgentError("injected: the first copy is cut", 502, "peer")
+        return await real_pull(self, name, source, **kwargs)
+
+    monkeypatch.setattr(AgentClient, "pull", pull_failing_once)
+    log = io.StringIO()
+    options = UpOptions(port=0, run_dir=tmp_path / "run", pod_timeout=60.0)
+    async with LocalFleet(fleet_config(llama_server_bin), options, Reporter(log)) as fleet:
+        assert refused, "warming pulled nothing: the fleet has one pod?"
+        pod = fleet.pods[1]
+        progress = fleet.progress
+        assert progress.prefixes[PREFIX].pods[pod.name].state == "failed"
+        assert (await fleet.http.get(fleet.pods[0].layout.agent_url + "/ready")).status_code == 200
+        assert (await fleet.http.get(pod.layout.agent_url + "/ready")).status_code == 503
+        assert not pod.ready and not progress.ready
+        assert f"{pod.name} is NOT routable" in log.getvalue()
+
+        stop = asyncio.Event()
+        keeper = asyncio.create_task(fleet.run_until(stop))
+        try:
+            await fleet.wait_ready(60.0)
+        finally:
+            stop.set()
+            await keeper
+        assert progress.prefixes[PREFIX].pods[pod.name].state == "warm"
+        assert (await fleet.http.get(pod.layout.agent_url + "/ready")).status_code == 200
+        assert f"{pod.name} is warm again and routable" in log.getvalue()

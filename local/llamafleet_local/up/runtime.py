@@ -258,8 +258,32 @@ class LocalFleet:
         self.report()
 
     async def _require_all(self) -> None:
+        """Declare every pod that holds each SharedPrefix the fleet has. One that missed a prefix
+        another pod holds (its pull failed) stays unroutable, as after a restart: `supervise` warms it
+        again (its first pass retries soon) and declares it then."""
         for pod in self.pods:
+            if missing := self.missing_on(pod):
+                pod.ready = False
+                self.progress.pods_up.discard(pod.name)
+                self.reporter.say(f"{pod.name} is NOT routable: prefix {', '.join(missing)} not warm on it; "
+                                  "warming it again shortly")
+                continue
             await self.require(pod)
+        self.report()
+
+    def missing_on(self, pod: LocalPod) -> list[str]:
+        """SharedPrefixes warm on another pod but not on `pod`: until it holds them it is not routed
+        to (a session sent there would compute a prefix the fleet has). A prefix warm on no pod (it
+        failed everywhere: longer than a slot, say) holds no pod back, or one bad SharedPrefix would
+        take the whole fleet out of rotation: the fleet serves without it, `/health` says it is not
+        warm, and the warming error was printed."""
+        missing = []
+        for name, result in self.results.items():
+            states = {s.pod: s.state for s in result.pods}
+            if states.get(pod.name) != "warm" and any(
+                    state == "warm" for other, state in states.items() if other != pod.name):
+                missing.append(name)
+        return missing
 
     def required_names(self, pod: LocalPod) -> list[str]:
         """The SharedPrefix snapshots `pod` holds when warm."""

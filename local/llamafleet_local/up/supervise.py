@@ -12,7 +12,9 @@ A restarted pod gets traffic only once every SharedPrefix is warm on it again: i
 what it holds, and that happens only after warming succeeded for every prefix. When warming fails (no
 peer could serve the snapshot, the agent refused it), the pod stays out of rotation rather than serve
 cold: the fleet's other pods answer meanwhile and `/health` says which prefix is not warm where. It is
-said loudly and warming is tried again, with a growing pause (`WARM_RETRY_S`), until it succeeds.
+said loudly and warming is tried again, with a growing pause (`WARM_RETRY_S`), until it succeeds. The
+same holds for a pod that missed a SharedPrefix at start. What a pod must hold is what the fleet has
+(`LocalFleet.missing_on`): a prefix warm on no pod holds none back.
 """
 
 from __future__ import annotations
@@ -50,7 +52,9 @@ class _Care:
 async def supervise(fleet: LocalFleet, stop: asyncio.Event) -> None:
     """Until `stop` is set: watch every process; restart dead pods (or raise FleetFailed) and warm
     again those whose warming failed."""
-    care: dict[str, _Care] = {}
+    # A pod that missed a SharedPrefix at start (`LocalFleet._require_all`) is tried again soon.
+    care = {pod.name: _Care(warm_failures=1, warm_again_at=time.monotonic() + WARM_RETRY_S[0])
+            for pod in fleet.pods if not pod.ready and pod.dead() is None}
     while not stop.is_set():
         for pod in fleet.pods:
             await _tend(fleet, pod, care.setdefault(pod.name, _Care()))
@@ -139,8 +143,8 @@ async def rewarm(fleet: LocalFleet, pod: LocalPod) -> list[str]:
                                agent_token=fleet.agent_token, index=index)
         result.pods = [state if s.pod == pod.name else s for s in result.pods]
         fleet.progress.prefixes[name].pods[pod.name] = state
-        if state.state != "warm":
-            cold.append(f"prefix {name}: {state.message}")
+    for name in fleet.missing_on(pod):  # a prefix warm on no pod holds nobody back
+        cold.append(f"prefix {name}: {fleet.progress.prefixes[name].pods[pod.name].message}")
     if cold:
         fleet.report()
         return cold
