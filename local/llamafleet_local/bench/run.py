@@ -101,7 +101,7 @@ def make_profiles(chars: dict[int, int], plan: Plan) -> Profiles:
     return out
 
 
-def _measure(server: str) -> Callable[[int], int]:
+def prefix_tokens_on(server: str) -> Callable[[int], int]:
     def measure(chars: int) -> int:
         profile = make_profile(WorkloadSpec(prefix_chars=chars))
         with httpx.Client(timeout=120.0) as http:
@@ -213,7 +213,7 @@ async def run_model(model: str, plan: Plan, run_dir: Path, say: Callable[[str], 
         await setup.start()
         try:
             if profiles is None:
-                measure = _measure(setup.servers[0])
+                measure = prefix_tokens_on(setup.servers[0])
                 chars = {s: await asyncio.to_thread(chars_for_tokens, s, measure) for s in plan.sizes}
                 result["calibration"] = {str(s): {"chars": c, "tokens": await asyncio.to_thread(measure, c)}
                                          for s, c in chars.items()}
