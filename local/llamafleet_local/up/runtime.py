@@ -34,7 +34,7 @@ from llamafleet_local.up.pods import LocalPod, layout
 from llamafleet_local.up.pods import attach as pod_attach
 from llamafleet_local.up.progress import FleetProgress, PrefixProgress, Reporter
 from llamafleet_local.up.resolve import Resolved, resolve
-from llamafleet_local.up.supervise import supervise
+from llamafleet_local.up.supervise import missing_prefixes, supervise
 
 EMBEDDED = "embedded"
 
@@ -272,18 +272,8 @@ class LocalFleet:
         self.report()
 
     def missing_on(self, pod: LocalPod) -> list[str]:
-        """SharedPrefixes warm on another pod but not on `pod`: until it holds them it is not routed
-        to (a session sent there would compute a prefix the fleet has). A prefix warm on no pod (it
-        failed everywhere: longer than a slot, say) holds no pod back, or one bad SharedPrefix would
-        take the whole fleet out of rotation: the fleet serves without it, `/health` says it is not
-        warm, and the warming error was printed."""
-        missing = []
-        for name, result in self.results.items():
-            states = {s.pod: s.state for s in result.pods}
-            if states.get(pod.name) != "warm" and any(
-                    state == "warm" for other, state in states.items() if other != pod.name):
-                missing.append(name)
-        return missing
+        """SharedPrefixes `pod` must still get before it is routed to (`supervise.missing_prefixes`)."""
+        return missing_prefixes(self.results, pod.name)
 
     def required_names(self, pod: LocalPod) -> list[str]:
         """The SharedPrefix snapshots `pod` holds when warm."""

@@ -22,8 +22,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from llamafleet_core.warming import PodWarmState, warm_pod
 from llamafleet_local.up.procs import ChildFailed, log_tail
@@ -38,6 +39,21 @@ WARM_RETRY_S = (1.0, 2.0, 5.0, 10.0, 30.0)  # pauses between warming attempts; t
 
 class FleetFailed(RuntimeError):
     pass
+
+
+def missing_prefixes(results: Mapping[str, Any], pod: str) -> list[str]:
+    """SharedPrefixes (name -> `WarmResult`) warm on another pod but not on `pod`: until it holds them
+    it is not routed to (a session sent there would compute a prefix the fleet has). A prefix warm on
+    no pod (it failed everywhere: longer than a slot, say) holds no pod back, or one bad SharedPrefix
+    would take the whole fleet out of rotation: the fleet serves without it, `/health` says it is not
+    warm, and the warming error was printed."""
+    missing = []
+    for name, result in results.items():
+        states = {s.pod: s.state for s in result.pods}
+        warm_elsewhere = any(state == "warm" for other, state in states.items() if other != pod)
+        if warm_elsewhere and states.get(pod) != "warm":
+            missing.append(name)
+    return missing
 
 
 @dataclass
