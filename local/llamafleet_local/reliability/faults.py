@@ -93,6 +93,13 @@ async def kill_server(bed: Bed) -> ScenarioResult:
 
     # A stream held at the kill that still reached [DONE] had its last bytes sent already: not cut.
     cut = [s for s in held if s.verdict != SUCCEEDED]
+    # The gateway answers 200 only once the pod has answered (it holds the stream's head back until
+    # then, so that a pod dying in its prefill can be retried elsewhere). A 200 from the victim ending
+    # in an error event is therefore a stream the kill cut, also when its first bytes were still on
+    # their way to the client at the kill (seen in CI: one such request counted as "not yet streaming").
+    held_ns = {s.n for s in held}
+    cut += [s for s in results if s.n not in held_ns and s.pod == uid and s.status == 200
+            and s.error_event and s.started < killed_at]
     cut_ns = {s.n for s in cut}
     on_victim = [s for s in results if s.pod == uid]
     before_warm = [s for s in on_victim if s.started > killed_at and (warm_at is None or s.started < warm_at)]
