@@ -153,14 +153,14 @@ async def rewarm(fleet: LocalFleet, pod: LocalPod) -> list[str]:
     peers = fleet.warm_pods()
     me = next(p for p in peers if p.name == pod.name)
     index = fleet.index.index if fleet.index else None
-    cold: list[str] = []
     for name, result in fleet.results.items():
         state = await warm_pod(result, fleet.sources[name], me, peers=peers, http=fleet.http,
                                agent_token=fleet.agent_token, index=index)
         result.pods = [state if s.pod == pod.name else s for s in result.pods]
         fleet.progress.prefixes[name].pods[pod.name] = state
-    for name in fleet.missing_on(pod):  # a prefix warm on no pod holds nobody back
-        cold.append(f"prefix {name}: {fleet.progress.prefixes[name].pods[pod.name].message}")
+    # A prefix warm on no pod holds nobody back (`missing_prefixes`).
+    cold = [f"prefix {name}: {fleet.progress.prefixes[name].pods[pod.name].message}"
+            for name in fleet.missing_on(pod)]
     if cold:
         fleet.report()
         return cold

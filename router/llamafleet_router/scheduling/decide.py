@@ -260,11 +260,11 @@ def wanted_here(
     sessions use, and keeps a burst of sessions on the pod that just built their prefix."""
     here = {snap.name for snap, remote in usable if not remote}  # a copy holds the same text
     best: SnapshotRef | None = None
+    best_chars = used_chars
     for snap, remote in usable:
         chars = covered_chars(snap, prompt.block_chars)
-        if remote and snap.name not in here and chars > used_chars and (
-                best is None or chars > covered_chars(best, prompt.block_chars)):
-            best = snap
+        if remote and snap.name not in here and chars > best_chars:
+            best, best_chars = snap, chars
     return best
 
 
