@@ -112,6 +112,9 @@ class RouterSettings(BaseSettings):
     #: Copy a snapshot in the background to a pod whose session would have used it had it been there, so
     #: that the next session of that prefix on that pod restores it without a pull (`snapshots/ship.py`).
     ship_snapshots: bool = True
+    #: Load a session prefix just built for the first time into an idle slot of every pod (never a pod's
+    #: last idle one), so that the next sessions find it in a slot (`snapshots/prime.py`).
+    prime_slots: bool = True
 
     @field_validator("pods", "fleets", mode="before")
     @classmethod

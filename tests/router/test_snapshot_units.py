@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from pathlib import Path
 
 from pydantic import SecretStr
@@ -11,7 +12,7 @@ from pydantic import SecretStr
 from llamafleet_core.prefix import PromptIdentity
 from llamafleet_core.prefix.hashing import block_chain
 from llamafleet_core.snapshot import Fingerprint, SnapshotManifest
-from llamafleet_core.types import Action, Endpoint, Lookup, PodRef, SnapshotRef, exact_text_hash
+from llamafleet_core.types import Action, Endpoint, Lookup, PodRef, SlotRef, SnapshotRef, exact_text_hash
 from llamafleet_router.scheduling.decide import ActionCosts, choose_action
 from llamafleet_router.settings import RouterSettings
 from llamafleet_router.snapshots import SnapshotConfig
@@ -26,6 +27,7 @@ from llamafleet_router.snapshots.cuts import (
     tokens_at,
 )
 from llamafleet_router.snapshots.first_sight import Flights
+from llamafleet_router.snapshots.prime import PrimedSlots, same_text, slot_state
 from llamafleet_router.snapshots.resync import keep_synced
 
 BC = 256
@@ -217,3 +219,34 @@ async def test_keep_synced_lists_pods_without_a_request_and_survives_a_failing_r
     with contextlib.suppress(asyncio.CancelledError):
         await task
     assert rounds >= 3 and seen[:2] == [["pod-a"], ["pod-a"]]
+
+
+def test_a_slot_state_reads_tokens_and_last_task_and_is_none_for_a_missing_or_odd_entry() -> None:
+    """GET /slots shows neither field until a slot's first task; a priming must compare them all the same."""
+    slots = [{"id": 0, "n_ctx": 8192, "is_processing": False},
+             {"id": 1, "n_prompt_tokens": 2664, "id_task": 7},
+             {"id": 2, "n_prompt_tokens": "2664", "id_task": 7}]
+    assert slot_state(slots, 0) == (None, None)
+    assert slot_state(slots, 1) == (2664, 7)
+    assert slot_state(slots, 2) is None  # not understood: the caller restores
+    assert slot_state(slots, 3) is None
+
+
+def test_a_primed_slot_is_taken_once_and_only_within_its_ttl() -> None:
+    """A request pinned to a primed slot consumes the mark (the slot then holds that request); a mark
+    older than the TTL is worth nothing (another replica may have used the slot)."""
+    text = PROMPT_TEXT
+    head = snap("fs-a", "p0", text, len(SYSTEM))
+    copy = dataclasses.replace(head, name="fs-a", pod_uid="p1")
+    other = snap("fs-b", "p0", "x" + text, len(SYSTEM))
+    primed = PrimedSlots(ttl_s=60)
+    primed.mark(SlotRef("p1", 2), copy, (None, None))
+    assert same_text(head, copy) and not same_text(head, other)
+    assert primed.holds(SlotRef("p1", 2), head) and not primed.holds(SlotRef("p1", 2), other)
+    assert not primed.holds(SlotRef("p1", 1), head)
+    entry = primed.take(SlotRef("p1", 2))
+    assert entry is not None and entry.snapshot == copy and entry.state == (None, None)
+    assert primed.take(SlotRef("p1", 2)) is None and primed.slots() == []
+    stale = PrimedSlots(ttl_s=0)
+    stale.mark(SlotRef("p1", 2), copy, (10, 3))
+    assert not stale.holds(SlotRef("p1", 2), head) and stale.take(SlotRef("p1", 2)) is None

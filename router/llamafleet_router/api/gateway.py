@@ -166,14 +166,21 @@ class Gateway:
 
         return first_byte
 
-    async def _borrow_slot(self, req: SchedRequest) -> Borrowed | None:
+    async def _borrow_slot(
+        self, req: SchedRequest, *, pod_uid: str | None = None, min_idle: int = 1
+    ) -> Borrowed | None:
         """An idle slot for a background build, leased and counted in flight like a request's, so no
-        request is pinned to it meanwhile; None when there is none (the caller builds in its own slot)."""
+        request is pinned to it meanwhile; None when there is none (the caller builds in its own slot).
+        With `pod_uid`, on that pod only, and only while it has `min_idle` idle slots."""
         assert self.discovery is not None and self.scheduler is not None and self.after is not None
         build = SchedRequest(f"{req.request_id}/build", req.model, req.prompt, None)
-        pods = await self.discovery.endpoints()
+        pods = [p for p in await self.discovery.endpoints() if pod_uid is None or p.endpoint.uid == pod_uid]
         try:
-            decision = await self.scheduler.schedule(build, endpoint_states(req.model, pods, self.in_flight))
+            states = [s for s in endpoint_states(req.model, pods, self.in_flight)
+                      if len(s.idle_slots) >= min_idle]
+            if not states:
+                return None
+            decision = await self.scheduler.schedule(build, states)
         except (NoEndpointError, IndexUnavailable):
             return None
         after = self.after

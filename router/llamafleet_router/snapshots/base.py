@@ -30,6 +30,7 @@ class SnapshotConfig:
     resync_timeout_s: float = 3.0  # a pod's first request waits at most this for its snapshots' re-listing
     resync_interval_s: float = 0.25  # how often the gateway looks for pods to re-list without a request
     ship: bool = True  # copy a snapshot to a pod whose sessions want it, in the background (ship.py)
+    prime: bool = True  # load a new session prefix into an idle slot of every pod (prime.py)
 
     def __repr__(self) -> str:
         return (f"SnapshotConfig(token=***, block_chars={self.block_chars}, "
@@ -50,7 +51,7 @@ class SnapshotConfig:
             token=token, block_chars=settings.block_chars,
             first_sight_min_chars=settings.first_sight_min_chars,
             first_sight_wait_s=settings.first_sight_wait_s, stages=settings.snapshot_stages,
-            ship=settings.ship_snapshots,
+            ship=settings.ship_snapshots, prime=settings.prime_slots,
         )
 
 
@@ -78,6 +79,12 @@ class SnapshotMetrics:
         self.ships = Counter(
             p + "ships_total", "Snapshots copied in the background to a pod whose sessions wanted them, by "
             "result (ok, failed).", ["result"], registry=registry,
+        )
+        self.primes = Counter(
+            p + "primes_total", "Idle slots loaded in the background with a session prefix just built "
+            "(prime.py), by result: loaded, held (the slot had it), no_slot (no spare idle slot), failed; "
+            "and used: a request pinned to a primed slot skipped its restore.", ["result"],
+            registry=registry,
         )
         self.resynced = Counter(
             p + "resynced_total", "Snapshots recorded again from an agent's listing (pod (re)appeared).",

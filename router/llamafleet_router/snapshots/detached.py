@@ -26,6 +26,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 from llamafleet_core.types import SnapshotRef
 from llamafleet_router.background import TaskSet
@@ -44,7 +45,16 @@ DETACH_MAX_TAIL_CHARS = 1024
 
 #: A slot lent to a background build (a scheduling decision that holds its lease) and how to give it back.
 Borrowed = tuple[Decision, Callable[[], Awaitable[None]]]
-BorrowSlot = Callable[[SchedRequest], Awaitable[Borrowed | None]]
+
+
+class BorrowSlot(Protocol):
+    """Lends an idle slot for `req`'s prompt (on pod `pod_uid` only, when given, and only while that
+    pod has at least `min_idle` idle slots); None when there is none."""
+
+    def __call__(
+        self, req: SchedRequest, *, pod_uid: str | None = None, min_idle: int = 1
+    ) -> Awaitable[Borrowed | None]: ...
+
 FlightKey = tuple[str, str]  # (model, session prefix hash)
 
 

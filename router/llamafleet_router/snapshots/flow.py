@@ -40,7 +40,8 @@ from llamafleet_router.snapshots.base import SnapshotConfig, SnapshotMetrics
 from llamafleet_router.snapshots.cuts import divergence_point, held_stage
 from llamafleet_router.snapshots.detached import DETACH_MAX_TAIL_CHARS, BorrowSlot, DetachedBuilds
 from llamafleet_router.snapshots.first_sight import Flights, Prompt, StagedPrefill, StageFlights, StageKeys
-from llamafleet_router.snapshots.restore import Restored, RestoreExecutor
+from llamafleet_router.snapshots.prime import PrimedSlots, Primer, same_text
+from llamafleet_router.snapshots.restore import Restored, RestoreExecutor, RestoreFailure
 from llamafleet_router.snapshots.resync import Resync
 from llamafleet_router.snapshots.ship import Shipper
 
@@ -66,6 +67,8 @@ class SnapshotFlow:
         self.flights = Flights()
         self.stage_flights = StageFlights(self.flights, config)
         self._known: dict[tuple[str, str], float] = {}
+        self.primer = Primer(http=http, index=index, restorer=self.restorer, metrics=metrics, tasks=tasks,
+                             slots=PrimedSlots())
         # Set by the gateway: lends an idle slot (leased, counted in flight) to a background build.
         self.borrow: BorrowSlot | None = None
         self._detached = DetachedBuilds(
@@ -81,7 +84,10 @@ class SnapshotFlow:
 
     async def _prepare(self, req: SchedRequest, decision: Decision, pods: Sequence[PodStatus]) -> Decision:
         target = decision.endpoint
-        if decision.slot == ANY_SLOT or decision.branch == "queued" or target.agent_url is None:
+        if decision.slot == ANY_SLOT:
+            return decision
+        primed = self.primer.slots.take(decision.slot_ref)  # the request changes what the slot holds
+        if decision.branch == "queued" or target.agent_url is None:
             return decision
         agents = {p.endpoint.uid: p.endpoint.agent_url for p in pods if p.endpoint.agent_url}
         if decision.wanted is not None and self.config.ship:
@@ -90,8 +96,16 @@ class SnapshotFlow:
         restored: Restored | None = None
         failed: SnapshotRef | None = None
         if decision.action is Action.RESTORE and decision.snapshot is not None:
-            outcome = await self.restorer.restore(req.model, req.prompt.blocks, target, decision.slot,
-                                                  decision.snapshot, agents)
+            if primed is not None and same_text(primed.snapshot, decision.snapshot) and \
+                    await self.primer.still_holds(req.model, req.prompt.blocks, target.url, decision.slot_ref,
+                                                  primed):
+                # Loaded ahead of demand (prime.py) and untouched since: restoring it again changes nothing.
+                self.metrics.primes.labels("used").inc()
+                snap = primed.snapshot
+                outcome: Restored | RestoreFailure = Restored(snap, snap.n_tokens, False, 0.0)
+            else:
+                outcome = await self.restorer.restore(req.model, req.prompt.blocks, target, decision.slot,
+                                                      decision.snapshot, agents)
             if isinstance(outcome, Restored):
                 restored = outcome
             else:
@@ -146,6 +160,7 @@ class SnapshotFlow:
             # stage's snapshot instead, and forward now.
             borrowed = await self.borrow(req)
             if borrowed is not None:
+                self.primer.slots.take(borrowed[0].slot_ref)  # the build overwrites what it was primed with
                 self._detached.start(req, prompt, key, base, borrowed, agents, extra, known)
                 branch = "restore_first_sight_detached" if restored is not None else "first_sight_detached"
                 return replace(decision, branch=branch)
@@ -161,6 +176,8 @@ class SnapshotFlow:
         if ref is None:
             return decision
         self._remember(key)
+        if self.config.prime and self.borrow is not None:
+            self.primer.start(req, ref, pods, agents, self.borrow)
         session_blocks = prompt.session_chars // self.config.block_chars
         if restored is not None:  # built on top of a restored stage snapshot: say which one
             return replace(decision, action=Action.RESTORE, snapshot=restored.snapshot,

@@ -1,0 +1,187 @@
+"""Priming: a session prefix built for the first time is loaded into an idle slot of every pod at once.
+
+An agent's sessions come in bursts: the 2nd and 3rd sessions of a never-seen prefix arrive while the
+first still generates. Each of them would restore the new snapshot on its request path (a pull first on
+another pod), in the pod's main loop beside the generating session: on the tiny hybrid model that is
+~30 ms of a ~260 ms time to first token, and more on a pod that must pull. Right after the first-sight
+build saved the snapshot, `Primer.start` restores it, in the background, into one idle slot of every pod
+serving the model; the next sessions then land on a slot that already holds their prefix.
+
+Rules, and why:
+- The slot is borrowed from the gateway (`BorrowSlot`: leased and counted in flight, so no request is
+  pinned to it while it loads), chosen by the scheduler as a request's would be, and never a pod's last
+  idle slot (`PRIME_MIN_IDLE`): a request arriving meanwhile always finds one free.
+- A slot the scheduler says already holds the whole prefix is left as it is.
+- What a primed slot holds is this replica's knowledge (`PrimedSlots`), kept until a request is pinned
+  to the slot (`take`) or for `ttl_s`. On a hybrid model a slot that holds the shared head counts short
+  (`lookup_view.resumable`: usually the head plus another session's question), so the scheduler still
+  decides to restore the head's snapshot there; the flow skips that restore when the slot was primed with
+  exactly that text AND llama-server's `GET /slots` still shows the slot as the priming left it (same
+  token count, same last task): another replica, or an operator's erase, may have changed it meanwhile,
+  and the index cannot tell (a slot used by another session of the same agent matches as many blocks).
+  That check is one round trip to the pod, where the restore it saves is a file read and a copy into
+  the slot in the pod's main loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from llamafleet_core.index.base import PrefixIndex
+from llamafleet_core.llama_client import LlamaClient
+from llamafleet_core.types import Action, SlotRef, SnapshotRef
+from llamafleet_router.background import TaskSet
+from llamafleet_router.discovery.base import PodStatus
+from llamafleet_router.scheduling.framework import SchedRequest
+from llamafleet_router.snapshots.base import SnapshotMetrics
+from llamafleet_router.snapshots.detached import BorrowSlot
+from llamafleet_router.snapshots.restore import Restored, RestoreExecutor
+
+log = logging.getLogger(__name__)
+
+PRIME_MIN_IDLE = 2  # a pod is primed only while it has this many idle slots: one stays free for requests
+_RELEASE_S = 5.0  # a borrowed slot is given back within this, or left to its lease's TTL
+
+
+def same_text(a: SnapshotRef, b: SnapshotRef) -> bool:
+    """Whether two snapshots hold the same prompt text (copies of one snapshot on different pods do)."""
+    return (a.text_hash, a.n_chars) == (b.text_hash, b.n_chars)
+
+
+#: How llama-server's GET /slots shows a slot: (tokens in its cache, its last task id). Both are absent
+#: until the slot's first task (a restore is not one): then any task, and a restore, change them.
+SlotState = tuple[int | None, int | None]
+
+
+def slot_state(slots: list[dict[str, Any]], slot: int) -> SlotState | None:
+    """`slot`'s entry of a GET /slots answer; None when absent or not understood."""
+    for entry in slots:
+        if isinstance(entry, dict) and entry.get("id") == slot:
+            n, task = entry.get("n_prompt_tokens"), entry.get("id_task")
+            if (n is None or isinstance(n, int)) and (task is None or isinstance(task, int)):
+                return n, task
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Primed:
+    snapshot: SnapshotRef  # the copy on the slot's pod
+    state: SlotState  # as GET /slots showed the slot right after the restore
+    deadline: float
+
+
+@dataclass
+class PrimedSlots:
+    """Slots this replica loaded with a snapshot ahead of demand and that no request used since."""
+
+    ttl_s: float = 60.0
+    _slots: dict[SlotRef, Primed] = field(default_factory=dict)
+
+    def mark(self, slot: SlotRef, snap: SnapshotRef, state: SlotState) -> None:
+        self._slots[slot] = Primed(snap, state, time.monotonic() + self.ttl_s)
+
+    def holds(self, slot: SlotRef, snap: SnapshotRef) -> bool:
+        entry = self._slots.get(slot)
+        return entry is not None and entry.deadline > time.monotonic() and same_text(entry.snapshot, snap)
+
+    def take(self, slot: SlotRef) -> Primed | None:
+        """What `slot` was primed with (None: nothing, or too long ago); it holds that no longer once a
+        request is pinned to it, so the entry goes."""
+        entry = self._slots.pop(slot, None)
+        if entry is None or entry.deadline <= time.monotonic():
+            return None
+        return entry
+
+    def slots(self) -> list[SlotRef]:
+        return list(self._slots)
+
+
+class Primer:
+    def __init__(
+        self, *, http: httpx.AsyncClient, index: PrefixIndex, restorer: RestoreExecutor,
+        metrics: SnapshotMetrics, tasks: TaskSet, slots: PrimedSlots,
+    ) -> None:
+        self._http = http
+        self._index = index
+        self._restorer = restorer
+        self._metrics = metrics
+        self._tasks = tasks
+        self.slots = slots
+
+    async def still_holds(self, model: str, blocks: Sequence[str], url: str, slot: SlotRef,
+                          primed: Primed) -> bool:
+        """Whether `slot` (of the pod at `url`) still holds what it was primed with: the index says so
+        (another replica's priming would have recorded its own prefix there) and llama-server shows the
+        slot as the priming left it (any task since changes its last task id). False when either cannot
+        tell: the restore is the safe way."""
+        snap = primed.snapshot
+        try:
+            lookup, slots = await asyncio.gather(self._index.lookup(model, blocks[: snap.n_blocks]),
+                                                 LlamaClient(url, self._http).slots())
+        except Exception as exc:
+            log.info("checking a primed slot failed", extra={"pod": url, "error": str(exc)})
+            return False
+        return lookup.slots.get(slot, 0) >= snap.n_blocks and slot_state(slots, slot.slot) == primed.state
+
+    def start(
+        self, req: SchedRequest, snap: SnapshotRef, pods: Sequence[PodStatus], agents: dict[str, str],
+        borrow: BorrowSlot,
+    ) -> None:
+        """Load `snap` (a prefix of `req`'s prompt) into an idle slot of every ready pod of the model."""
+        uids = [p.endpoint.uid for p in pods if p.ready and p.model == req.model and p.endpoint.agent_url]
+        if uids:
+            self._tasks.spawn(self._prime_all(req, snap, uids, agents, borrow), name="prime-slots")
+
+    async def _prime_all(
+        self, req: SchedRequest, snap: SnapshotRef, uids: list[str], agents: dict[str, str],
+        borrow: BorrowSlot,
+    ) -> None:
+        await asyncio.gather(*(self._prime(req, snap, uid, agents, borrow) for uid in uids))
+
+    async def _prime(
+        self, req: SchedRequest, snap: SnapshotRef, uid: str, agents: dict[str, str], borrow: BorrowSlot,
+    ) -> None:
+        borrowed = await borrow(req, pod_uid=uid, min_idle=PRIME_MIN_IDLE)
+        if borrowed is None:
+            self._metrics.primes.labels("no_slot").inc()
+            return
+        decision, release = borrowed
+        try:
+            ref = decision.slot_ref
+            if (decision.action is Action.DIRECT and decision.predicted_blocks >= snap.n_blocks) or \
+                    self.slots.holds(ref, snap):
+                self._metrics.primes.labels("held").inc()
+                return
+            outcome = await self._restorer.restore(req.model, req.prompt.blocks, decision.endpoint,
+                                                   decision.slot, snap, agents)
+            if not isinstance(outcome, Restored):
+                self._metrics.primes.labels("failed").inc()
+                return
+            state = slot_state(await LlamaClient(decision.endpoint.url, self._http).slots(), decision.slot)
+            if state is None or state[0] not in (None, outcome.n_tokens):
+                self._metrics.primes.labels("failed").inc()
+                return
+            # Before the lease is given back: a request scheduled next must see what the slot holds.
+            self.slots.mark(ref, outcome.snapshot, state)
+            try:
+                await self._index.record_slot(req.model, ref, req.prompt.blocks[: snap.n_blocks],
+                                              outcome.n_tokens)
+            except Exception as exc:  # the primed mark still lets this replica use it
+                log.info("recording a primed slot failed", extra={"error": str(exc)})
+            self._metrics.primes.labels("loaded").inc()
+            log.info("slot primed", extra={"snapshot": snap.name, "pod": decision.endpoint.url,
+                                           "slot": decision.slot, "seconds": round(outcome.seconds, 4)})
+        except Exception:
+            log.exception("priming a slot failed")
+            self._metrics.primes.labels("failed").inc()
+        finally:
+            with contextlib.suppress(Exception):  # bounded: at shutdown the lease store may be gone
+                await asyncio.wait_for(release(), _RELEASE_S)
