@@ -112,9 +112,10 @@ class RouterSettings(BaseSettings):
     #: Copy a snapshot in the background to a pod whose session would have used it had it been there, so
     #: that the next session of that prefix on that pod restores it without a pull (`snapshots/ship.py`).
     ship_snapshots: bool = True
-    #: Load a session prefix just built for the first time into an idle slot of every pod (never a pod's
-    #: last idle one), so that the next sessions find it in a slot (`snapshots/prime.py`).
-    prime_slots: bool = True
+    #: Load a session prefix just built for the first time into this many idle slots of its pod at once
+    #: (never the pod's last idle one), so that the next sessions of a burst find it in a slot instead of
+    #: restoring it on their request path (`snapshots/prime.py`); 0 turns this off.
+    prime_slots: int = Field(default=2, ge=0, le=64)
 
     @field_validator("pods", "fleets", mode="before")
     @classmethod

@@ -134,39 +134,38 @@ async def test_concurrent_sessions_reuse_the_prefix_when_on_one_pod_and_on_two_p
         assert all(x.action.startswith("restore/") for x in two[1:] if x.pod == b.server.url), two
 
 
-async def _primes_settled(http: httpx.AsyncClient, url: str, pods: int) -> dict[str, float]:
-    """The gateway's prime results once every pod has one (loaded, held, no_slot or failed)."""
+async def _primes_settled(http: httpx.AsyncClient, url: str, results: int) -> dict[str, float]:
+    """The gateway's prime results once there are `results` of them (loaded, held, no_slot, failed)."""
     name = "llamafleet_router_snapshot_primes_total"
-    results = ("loaded", "held", "no_slot", "failed")
+    kinds = ("loaded", "held", "no_slot", "failed")
     for _ in range(300):
-        counts = {r: await metric(http, url, name, result=r) for r in results}
-        if sum(counts.values()) >= pods:
+        counts = {r: await metric(http, url, name, result=r) for r in kinds}
+        if sum(counts.values()) >= results:
             return counts
         await asyncio.sleep(0.05)
     raise AssertionError(f"priming did not finish: {counts}")
 
 
-async def test_a_new_prefix_is_primed_into_an_idle_slot_so_the_next_session_restores_nothing(
+async def test_a_new_prefix_is_primed_into_idle_slots_of_its_pod_so_the_next_session_restores_nothing(
     model: tuple[str, Path], start_llama_server: StartLlamaServer, tmp_path: Path, redis_url: str,
     http: httpx.AsyncClient,
 ) -> None:
-    """Right after the first session of a new prefix saved it, an idle slot of each pod is loaded with it
-    in the background, except on a pod that would be left without an idle slot. Sessions that start while
-    the first still generates and land on the primed slot restore nothing on their request path (a slot
-    hit, or a restore the flow skips because the slot holds exactly that snapshot), and reuse the prefix."""
+    """Right after the first session of a new prefix saved it, idle slots of the pod that saved it (2 by
+    default) are loaded with it in the background, one at a time, and no other pod's. Sessions that
+    start while the first still generates and land on a primed slot restore nothing on their request
+    path (a slot hit, or a restore the flow skips because the slot holds exactly that snapshot), and
+    reuse the prefix."""
     name, path = model
     rng = random.Random(17)
-    # Two slots each: the first session's pod keeps one idle slot (not primed: it would be its last), the
-    # other pod has two (one primed, by a pull from the first's pod).
-    async with agent_pod(start_llama_server, path, name, tmp_path / "a", http, slots=2) as a, \
-            agent_pod(start_llama_server, path, name, tmp_path / "b", http, slots=2) as b:
+    async with agent_pod(start_llama_server, path, name, tmp_path / "a", http, slots=3) as a, \
+            agent_pod(start_llama_server, path, name, tmp_path / "b", http, slots=3) as b:
         profile = make_profile(WorkloadSpec(prefix_chars=SMALL, day=DAY, seed=41, workspace="/home/dev/pr"))
         async with gateway([a.spec, b.spec], redis_url, prefix=f"pr{name}", agent_token=TOKEN) as gw:
             started = asyncio.Event()
             body = profile.request(name, user_question(rng), max_tokens=256) | {"ignore_eos": True}
             first = asyncio.create_task(_stream_until_first_byte(http, gw.url, body, started))
             await asyncio.wait_for(started.wait(), 120)
-            primes = await _primes_settled(http, gw.url, pods=2)
+            primes = await _primes_settled(http, gw.url, results=2)
             primed = gw.app.state.gateway.snapshots.primer.slots.slots()
             restores = [await metric(http, gw.url, "llamafleet_router_snapshot_restores_total",
                                      source=s, result="ok") for s in ("local", "peer")]
@@ -178,20 +177,39 @@ async def test_a_new_prefix_is_primed_into_an_idle_slot_so_the_next_session_rest
             uids = {p.endpoint.url: p.endpoint.uid for p in await gw.app.state.gateway.discovery.endpoints()}
             one = await first
         assert one.status == 200 and one.action == "compute/first_sight", one
-        assert primes["loaded"] == 1 and primes["no_slot"] == 1, primes
-        other = b.server.url if one.pod == a.server.url else a.server.url
-        assert [ref.pod_uid for ref in primed] == [uids[other]], (primed, uids, one.pod)
+        assert primes["loaded"] == 2, primes
+        assert [ref.pod_uid for ref in primed] == [uids[one.pod]] * 2, (primed, uids, one.pod)
+        assert restores == [2.0, 0.0], restores  # the priming's own restores, local: no pull
         layout = [(x.action, x.pod, x.slot, x.cache_n) for x in later]
         on_primed = [x for x in later if SlotRef(uids[x.pod], x.slot) in primed]
         assert len(on_primed) >= 1, (layout, primed)
         for x in later:
             assert x.status == 200 and x.cache_n >= 0.95 * _prefix_tokens(one), layout
-        # The primed slot's session skipped its restore; any other session restored once.
+        # The primed slot's session skipped its restore; the other session restored once.
         assert sum(after) - sum(restores) == len(later) - len(on_primed), (layout, restores, after)
         if name == "tiny-hybrid":
-            assert used == len(on_primed), (used, layout)
+            assert used == len(on_primed) and all(x.action == "restore/primed" for x in on_primed), layout
         else:
             assert all(x.action == "direct/slot_hit" for x in on_primed), layout
+
+
+async def test_a_pod_is_never_primed_into_its_last_idle_slot(
+    tiny_models: TinyModels, start_llama_server: StartLlamaServer, tmp_path: Path, redis_url: str,
+    http: httpx.AsyncClient,
+) -> None:
+    """Two slots, one busy with the first session: the other stays free for the next request."""
+    name, path = "tiny-dense", tiny_models.dense
+    rng = random.Random(29)
+    async with agent_pod(start_llama_server, path, name, tmp_path / "a", http, slots=2) as a:
+        profile = make_profile(WorkloadSpec(prefix_chars=SMALL, day=DAY, seed=47, workspace="/home/dev/ls"))
+        async with gateway([a.spec], redis_url, prefix=f"pl{name}", agent_token=TOKEN) as gw:
+            started = asyncio.Event()
+            body = profile.request(name, user_question(rng), max_tokens=256) | {"ignore_eos": True}
+            first = asyncio.create_task(_stream_until_first_byte(http, gw.url, body, started))
+            await asyncio.wait_for(started.wait(), 120)
+            primes = await _primes_settled(http, gw.url, results=1)
+            await first
+        assert primes == {"loaded": 0, "held": 0, "no_slot": 1, "failed": 0}, primes
 
 
 async def test_a_primed_slot_that_another_replica_used_is_restored_again(
@@ -204,24 +222,23 @@ async def test_a_primed_slot_that_another_replica_used_is_restored_again(
     in GET /slots and restores."""
     name, path = "tiny-hybrid", tiny_models.hybrid
     rng = random.Random(23)
-    async with agent_pod(start_llama_server, path, name, tmp_path / "a", http, slots=2) as a, \
-            agent_pod(start_llama_server, path, name, tmp_path / "b", http, slots=2) as b:
+    async with agent_pod(start_llama_server, path, name, tmp_path / "a", http, slots=3) as a:
         profile = make_profile(WorkloadSpec(prefix_chars=SMALL, day=DAY, seed=43, workspace="/home/dev/ra"))
-        async with gateway([a.spec, b.spec], redis_url, prefix=f"pu{name}", agent_token=TOKEN) as gw:
+        async with gateway([a.spec], redis_url, prefix=f"pu{name}", agent_token=TOKEN) as gw:
             first = await chat(http, gw.url, profile.request(name, user_question(rng), max_tokens=4))
-            await _primes_settled(http, gw.url, pods=2)
-            (ref,) = gw.app.state.gateway.snapshots.primer.slots.slots()
-            pod = a if ref.pod_uid == a.server.url else b
-            # Another replica's request in that slot (its lease and index record never reach this gateway).
+            await _primes_settled(http, gw.url, results=2)
+            primed = gw.app.state.gateway.snapshots.primer.slots.slots()
+            # Another replica's request in a primed slot (its lease and index record never reach this
+            # gateway).
+            ref = primed[0]
             other = make_profile(WorkloadSpec(prefix_chars=SMALL, day=DAY, seed=44, workspace="/home/dev/rb"))
-            direct = await http.post(pod.server.url + "/v1/chat/completions", json={
+            direct = await http.post(a.server.url + "/v1/chat/completions", json={
                 **other.request(name, "Hello?", max_tokens=2, stream=False), "id_slot": ref.slot})
             assert direct.status_code == 200, direct.text
-            # Every other slot busy, so the next session can only go to the primed one.
-            for p in (a, b):
-                for slot in range(p.server.slots):
-                    if SlotRef(p.server.url, slot) != ref:
-                        assert await gw.leases.acquire(SlotRef(p.server.url, slot), "another-replica", 120.0)
+            # Every other slot busy, so the next session can only go to that one.
+            for slot in range(a.server.slots):
+                if SlotRef(a.server.url, slot) != ref:
+                    assert await gw.leases.acquire(SlotRef(a.server.url, slot), "another-replica", 120.0)
             second = await chat(http, gw.url, profile.request(name, user_question(rng), max_tokens=4))
             used = await metric(http, gw.url, "llamafleet_router_snapshot_primes_total", result="used")
         assert first.action == "compute/first_sight", first.action

@@ -8,6 +8,7 @@ OpenAI-shaped 4xx, except 503 when pods exist but none can take the request.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -167,17 +168,20 @@ class Gateway:
         return first_byte
 
     async def _borrow_slot(
-        self, req: SchedRequest, *, pod_uid: str | None = None, min_idle: int = 1
+        self, req: SchedRequest, *, pod_uid: str | None = None, min_idle: int = 1,
+        avoid: frozenset[int] = frozenset(),
     ) -> Borrowed | None:
         """An idle slot for a background build, leased and counted in flight like a request's, so no
         request is pinned to it meanwhile; None when there is none (the caller builds in its own slot).
-        With `pod_uid`, on that pod only, and only while it has `min_idle` idle slots."""
+        With `pod_uid`, on that pod only, and only while it has `min_idle` idle slots; never one of the
+        slots in `avoid` (they count as idle: requests may take them)."""
         assert self.discovery is not None and self.scheduler is not None and self.after is not None
         build = SchedRequest(f"{req.request_id}/build", req.model, req.prompt, None)
         pods = [p for p in await self.discovery.endpoints() if pod_uid is None or p.endpoint.uid == pod_uid]
         try:
-            states = [s for s in endpoint_states(req.model, pods, self.in_flight)
-                      if len(s.idle_slots) >= min_idle]
+            states = endpoint_states(req.model, pods, self.in_flight)
+            roomy = [s for s in states if len(s.idle_slots) >= min_idle]
+            states = [dataclasses.replace(s, busy_slots=s.busy_slots | avoid) if avoid else s for s in roomy]
             if not states:
                 return None
             decision = await self.scheduler.schedule(build, states)

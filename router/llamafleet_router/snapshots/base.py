@@ -30,7 +30,7 @@ class SnapshotConfig:
     resync_timeout_s: float = 3.0  # a pod's first request waits at most this for its snapshots' re-listing
     resync_interval_s: float = 0.25  # how often the gateway looks for pods to re-list without a request
     ship: bool = True  # copy a snapshot to a pod whose sessions want it, in the background (ship.py)
-    prime: bool = True  # load a new session prefix into an idle slot of every pod (prime.py)
+    prime_slots: int = 2  # idle slots of its pod a new session prefix is loaded into at once (prime.py)
 
     def __repr__(self) -> str:
         return (f"SnapshotConfig(token=***, block_chars={self.block_chars}, "
@@ -51,7 +51,7 @@ class SnapshotConfig:
             token=token, block_chars=settings.block_chars,
             first_sight_min_chars=settings.first_sight_min_chars,
             first_sight_wait_s=settings.first_sight_wait_s, stages=settings.snapshot_stages,
-            ship=settings.ship_snapshots, prime=settings.prime_slots,
+            ship=settings.ship_snapshots, prime_slots=settings.prime_slots,
         )
 
 

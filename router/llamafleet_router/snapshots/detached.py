@@ -48,11 +48,12 @@ Borrowed = tuple[Decision, Callable[[], Awaitable[None]]]
 
 
 class BorrowSlot(Protocol):
-    """Lends an idle slot for `req`'s prompt (on pod `pod_uid` only, when given, and only while that
-    pod has at least `min_idle` idle slots); None when there is none."""
+    """Lends an idle slot for `req`'s prompt (on pod `pod_uid` only, when given, only while that pod
+    has at least `min_idle` idle slots, and none of the slots in `avoid`); None when there is none."""
 
     def __call__(
-        self, req: SchedRequest, *, pod_uid: str | None = None, min_idle: int = 1
+        self, req: SchedRequest, *, pod_uid: str | None = None, min_idle: int = 1,
+        avoid: frozenset[int] = frozenset(),
     ) -> Awaitable[Borrowed | None]: ...
 
 FlightKey = tuple[str, str]  # (model, session prefix hash)

@@ -96,20 +96,21 @@ class SnapshotFlow:
         restored: Restored | None = None
         failed: SnapshotRef | None = None
         if decision.action is Action.RESTORE and decision.snapshot is not None:
-            if primed is not None and same_text(primed.snapshot, decision.snapshot) and \
-                    await self.primer.still_holds(req.model, req.prompt.blocks, target.url, decision.slot_ref,
-                                                  primed):
+            snap = decision.snapshot
+            if primed is not None and same_text(primed.snapshot, snap) and await self.primer.still_holds(
+                    req.model, req.prompt.blocks, target.url, decision.slot_ref, primed):
                 # Loaded ahead of demand (prime.py) and untouched since: restoring it again changes nothing.
                 self.metrics.primes.labels("used").inc()
-                snap = primed.snapshot
-                outcome: Restored | RestoreFailure = Restored(snap, snap.n_tokens, False, 0.0)
+                held = primed.snapshot
+                outcome: Restored | RestoreFailure = Restored(held, held.n_tokens, False, 0.0)
+                decision = replace(decision, snapshot=held, branch="primed")
             else:
                 outcome = await self.restorer.restore(req.model, req.prompt.blocks, target, decision.slot,
-                                                      decision.snapshot, agents)
+                                                      snap, agents)
             if isinstance(outcome, Restored):
                 restored = outcome
             else:
-                failed = decision.snapshot
+                failed = snap
                 decision = replace(decision, action=Action.COMPUTE, snapshot=None, predicted_blocks=0,
                                    branch="restore_failed")
         prompt = _prompt(req)
@@ -176,8 +177,8 @@ class SnapshotFlow:
         if ref is None:
             return decision
         self._remember(key)
-        if self.config.prime and self.borrow is not None:
-            self.primer.start(req, ref, pods, agents, self.borrow)
+        if self.config.prime_slots and self.borrow is not None:
+            self.primer.start(req, ref, pods, agents, self.borrow, self.config.prime_slots)
         session_blocks = prompt.session_chars // self.config.block_chars
         if restored is not None:  # built on top of a restored stage snapshot: say which one
             return replace(decision, action=Action.RESTORE, snapshot=restored.snapshot,

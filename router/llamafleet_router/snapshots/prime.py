@@ -1,26 +1,31 @@
-"""Priming: a session prefix built for the first time is loaded into an idle slot of every pod at once.
+"""Priming: a session prefix built for the first time is loaded into idle slots of its pod at once.
 
 An agent's sessions come in bursts: the 2nd and 3rd sessions of a never-seen prefix arrive while the
-first still generates. Each of them would restore the new snapshot on its request path (a pull first on
-another pod), in the pod's main loop beside the generating session: on the tiny hybrid model that is
-~30 ms of a ~260 ms time to first token, and more on a pod that must pull. Right after the first-sight
-build saved the snapshot, `Primer.start` restores it, in the background, into one idle slot of every pod
-serving the model; the next sessions then land on a slot that already holds their prefix.
+first still generates. Each of them restored the new snapshot on its request path, in the pod's main
+loop beside the generating session (~30 ms on the tiny hybrid model, more for a larger prefix). Right
+after the first-sight build saved it, `Primer.start` restores it, in the background, into up to
+`count` idle slots of the pod that saved it; the next sessions then find it in a slot.
 
 Rules, and why:
-- The slot is borrowed from the gateway (`BorrowSlot`: leased and counted in flight, so no request is
-  pinned to it while it loads), chosen by the scheduler as a request's would be, and never a pod's last
-  idle slot (`PRIME_MIN_IDLE`): a request arriving meanwhile always finds one free.
+- Only the pod that saved the snapshot: priming the other pods too (a pull, then a restore) was
+  measured first. It made session 2 of a burst faster (0.15 s against 0.20 s, hybrid), but it drew
+  the burst onto two pods, and on pods that share a machine's cores (two cores, one thread per pod)
+  the 3rd session then waited longer behind two busy main loops (dense: median 0.25 s against 0.22 s,
+  tail 0.44 s). Another pod gets the snapshot when one of its sessions wants it (ship.py).
+- The slots are borrowed from the gateway one at a time (`BorrowSlot`: leased and counted in flight,
+  so no request is pinned to one while it loads), chosen by the scheduler as a request's would be
+  (minus the slots already primed, which now score best), given back as soon as each is loaded (the
+  burst's next session may already be waiting for an idle slot: holding two for the whole priming
+  queued it on a pod of four slots), and never a pod's last idle slot (`PRIME_MIN_IDLE`).
 - A slot the scheduler says already holds the whole prefix is left as it is.
 - What a primed slot holds is this replica's knowledge (`PrimedSlots`), kept until a request is pinned
   to the slot (`take`) or for `ttl_s`. On a hybrid model a slot that holds the shared head counts short
   (`lookup_view.resumable`: usually the head plus another session's question), so the scheduler still
   decides to restore the head's snapshot there; the flow skips that restore when the slot was primed with
-  exactly that text AND llama-server's `GET /slots` still shows the slot as the priming left it (same
-  token count, same last task): another replica, or an operator's erase, may have changed it meanwhile,
-  and the index cannot tell (a slot used by another session of the same agent matches as many blocks).
-  That check is one round trip to the pod, where the restore it saves is a file read and a copy into
-  the slot in the pod's main loop.
+  exactly that text AND it is untouched: the index still says it holds the prefix (another replica's
+  priming would have recorded its own) and llama-server's `GET /slots` shows the slot as the priming
+  left it (any task since changes its last task id). That check is one round trip to the pod, where
+  the restore it saves is a file read and a copy into the slot in the pod's main loop.
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ from llamafleet_core.llama_client import LlamaClient
 from llamafleet_core.types import Action, SlotRef, SnapshotRef
 from llamafleet_router.background import TaskSet
 from llamafleet_router.discovery.base import PodStatus
-from llamafleet_router.scheduling.framework import SchedRequest
+from llamafleet_router.scheduling.framework import Decision, SchedRequest
 from llamafleet_router.snapshots.base import SnapshotMetrics
 from llamafleet_router.snapshots.detached import BorrowSlot
 from llamafleet_router.snapshots.restore import Restored, RestoreExecutor
@@ -133,55 +138,60 @@ class Primer:
 
     def start(
         self, req: SchedRequest, snap: SnapshotRef, pods: Sequence[PodStatus], agents: dict[str, str],
-        borrow: BorrowSlot,
+        borrow: BorrowSlot, count: int,
     ) -> None:
-        """Load `snap` (a prefix of `req`'s prompt) into an idle slot of every ready pod of the model."""
-        uids = [p.endpoint.uid for p in pods if p.ready and p.model == req.model and p.endpoint.agent_url]
-        if uids:
-            self._tasks.spawn(self._prime_all(req, snap, uids, agents, borrow), name="prime-slots")
-
-    async def _prime_all(
-        self, req: SchedRequest, snap: SnapshotRef, uids: list[str], agents: dict[str, str],
-        borrow: BorrowSlot,
-    ) -> None:
-        await asyncio.gather(*(self._prime(req, snap, uid, agents, borrow) for uid in uids))
+        """Load `snap` (a prefix of `req`'s prompt) into up to `count` idle slots of the pod that saved it."""
+        here = next((p for p in pods if p.endpoint.uid == snap.pod_uid), None)
+        if count > 0 and here is not None and here.ready and here.endpoint.agent_url:
+            self._tasks.spawn(self._prime(req, snap, here.endpoint.uid, agents, borrow, count),
+                              name="prime-slots")
 
     async def _prime(
         self, req: SchedRequest, snap: SnapshotRef, uid: str, agents: dict[str, str], borrow: BorrowSlot,
+        count: int,
     ) -> None:
-        borrowed = await borrow(req, pod_uid=uid, min_idle=PRIME_MIN_IDLE)
-        if borrowed is None:
-            self._metrics.primes.labels("no_slot").inc()
-            return
-        decision, release = borrowed
-        try:
-            ref = decision.slot_ref
-            if (decision.action is Action.DIRECT and decision.predicted_blocks >= snap.n_blocks) or \
-                    self.slots.holds(ref, snap):
-                self._metrics.primes.labels("held").inc()
+        done: frozenset[int] = frozenset()
+        for _ in range(count):
+            borrowed = await borrow(req, pod_uid=uid, min_idle=PRIME_MIN_IDLE, avoid=done)
+            if borrowed is None:
+                self._metrics.primes.labels("no_slot").inc()
                 return
-            outcome = await self._restorer.restore(req.model, req.prompt.blocks, decision.endpoint,
-                                                   decision.slot, snap, agents)
-            if not isinstance(outcome, Restored):
-                self._metrics.primes.labels("failed").inc()
-                return
-            state = slot_state(await LlamaClient(decision.endpoint.url, self._http).slots(), decision.slot)
-            if state is None or state[0] not in (None, outcome.n_tokens):
-                self._metrics.primes.labels("failed").inc()
-                return
-            # Before the lease is given back: a request scheduled next must see what the slot holds.
-            self.slots.mark(ref, outcome.snapshot, state)
+            decision, release = borrowed
             try:
-                await self._index.record_slot(req.model, ref, req.prompt.blocks[: snap.n_blocks],
-                                              outcome.n_tokens)
-            except Exception as exc:  # the primed mark still lets this replica use it
-                log.info("recording a primed slot failed", extra={"error": str(exc)})
-            self._metrics.primes.labels("loaded").inc()
-            log.info("slot primed", extra={"snapshot": snap.name, "pod": decision.endpoint.url,
-                                           "slot": decision.slot, "seconds": round(outcome.seconds, 4)})
-        except Exception:
-            log.exception("priming a slot failed")
+                await self._load(req, snap, decision, agents)
+            except Exception:
+                log.exception("priming a slot failed")
+                self._metrics.primes.labels("failed").inc()
+                return
+            finally:
+                with contextlib.suppress(Exception):  # bounded: at shutdown the lease store may be gone
+                    await asyncio.wait_for(release(), _RELEASE_S)
+            done |= {decision.slot}
+
+    async def _load(
+        self, req: SchedRequest, snap: SnapshotRef, decision: Decision, agents: dict[str, str]
+    ) -> None:
+        ref = decision.slot_ref
+        if (decision.action is Action.DIRECT and decision.predicted_blocks >= snap.n_blocks) or \
+                self.slots.holds(ref, snap):
+            self._metrics.primes.labels("held").inc()
+            return
+        outcome = await self._restorer.restore(req.model, req.prompt.blocks, decision.endpoint, decision.slot,
+                                               snap, agents)
+        if not isinstance(outcome, Restored):
             self._metrics.primes.labels("failed").inc()
-        finally:
-            with contextlib.suppress(Exception):  # bounded: at shutdown the lease store may be gone
-                await asyncio.wait_for(release(), _RELEASE_S)
+            return
+        state = slot_state(await LlamaClient(decision.endpoint.url, self._http).slots(), decision.slot)
+        if state is None or state[0] not in (None, outcome.n_tokens):
+            self._metrics.primes.labels("failed").inc()
+            return
+        # Before the lease is given back: a request scheduled next must see what the slot holds.
+        self.slots.mark(ref, outcome.snapshot, state)
+        try:
+            blocks = req.prompt.blocks[: snap.n_blocks]
+            await self._index.record_slot(req.model, ref, blocks, outcome.n_tokens)
+        except Exception as exc:  # the primed mark still lets this replica use it
+            log.info("recording a primed slot failed", extra={"error": str(exc)})
+        self._metrics.primes.labels("loaded").inc()
+        log.info("slot primed", extra={"snapshot": snap.name, "pod": decision.endpoint.url,
+                                       "slot": decision.slot, "seconds": round(outcome.seconds, 4)})
