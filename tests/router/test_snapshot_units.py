@@ -250,3 +250,67 @@ def test_a_primed_slot_is_taken_once_and_only_within_its_ttl() -> None:
     stale = PrimedSlots(ttl_s=0)
     stale.mark(SlotRef("p1", 2), copy, (10, 3))
     assert not stale.holds(SlotRef("p1", 2), head) and stale.take(SlotRef("p1", 2)) is None
+
+
+async def test_priming_gives_every_borrowed_slot_back_and_avoids_the_slots_it_primed() -> None:
+    """One slot at a time: each is given back once loaded (or when its restore fails or raises), the
+    next borrow avoids the slots already primed, a refused restore ends it (another slot would fare no
+    better), and so does a pod without a spare idle slot."""
+    from typing import Any, cast
+
+    import httpx
+    from prometheus_client import CollectorRegistry
+
+    from llamafleet_core.index import InMemoryPrefixIndex
+    from llamafleet_router.background import TaskSet
+    from llamafleet_router.scheduling.framework import Decision, SchedRequest
+    from llamafleet_router.snapshots.base import SnapshotMetrics
+    from llamafleet_router.snapshots.prime import Primer
+    from llamafleet_router.snapshots.restore import Restored, RestoreFailure
+
+    target = pod("p0")
+    head = snap("fs-a", "p0", PROMPT_TEXT, len(SYSTEM))
+    ok = Restored(head, head.n_tokens, False, 0.01)
+    refused = RestoreFailure("restore", "checksum", "bad")
+    slots_json = [{"id": i, "n_ctx": 8192} for i in range(4)]
+    http = httpx.AsyncClient(transport=httpx.MockTransport(lambda r: httpx.Response(200, json=slots_json)))
+    outcomes: list[object] = []
+    borrowed: list[frozenset[int]] = []
+    given_back: list[int] = []
+
+    class FakeRestorer:
+        async def restore(self, *args: object) -> Restored | RestoreFailure:
+            outcome = outcomes.pop(0)
+            if isinstance(outcome, Exception):
+                raise outcome
+            return cast(Restored | RestoreFailure, outcome)
+
+    async def borrow(req: SchedRequest, *, pod_uid: str | None = None, min_idle: int = 1,
+                     avoid: frozenset[int] = frozenset()) -> Any:
+        assert pod_uid == "p0" and min_idle == 2
+        borrowed.append(avoid)
+        choice = next((s for s in (1, 2, 3) if s not in avoid), None)
+        if choice is None:
+            return None
+
+        async def give_back() -> None:
+            given_back.append(choice)
+
+        return Decision(target, choice, Action.COMPUTE, None, 0, "cold"), give_back
+
+    async def prime(run: list[object], count: int) -> list[int]:
+        outcomes[:] = run
+        borrowed.clear()
+        given_back.clear()
+        primer = Primer(http=http, index=InMemoryPrefixIndex(), restorer=cast(Any, FakeRestorer()),
+                        metrics=SnapshotMetrics(CollectorRegistry()), tasks=TaskSet(), slots=PrimedSlots())
+        await primer._prime(SchedRequest("r1", "m", identity()), head, "p0", {}, cast(Any, borrow), count)
+        return sorted(ref.slot for ref in primer.slots.slots())
+
+    assert await prime([ok, ok], 2) == [1, 2]
+    assert borrowed == [frozenset(), frozenset({1})] and given_back == [1, 2]
+    assert await prime([refused, ok], 2) == [] and borrowed == [frozenset()] and given_back == [1]
+    assert await prime([RuntimeError("agent gone")], 2) == [] and given_back == [1]
+    assert await prime([ok, ok, ok], 5) == [1, 2, 3] and given_back == [1, 2, 3]
+    assert borrowed[-1] == frozenset({1, 2, 3})  # the 4th borrow found no slot left: priming ended
+    await http.aclose()

@@ -158,7 +158,7 @@ class Primer:
                 return
             decision, release = borrowed
             try:
-                await self._load(req, snap, decision, agents)
+                loaded = await self._load(req, snap, decision, agents)
             except Exception:
                 log.exception("priming a slot failed")
                 self._metrics.primes.labels("failed").inc()
@@ -166,25 +166,28 @@ class Primer:
             finally:
                 with contextlib.suppress(Exception):  # bounded: at shutdown the lease store may be gone
                     await asyncio.wait_for(release(), _RELEASE_S)
+            if not loaded:  # the agent refused it: another slot would fare no better
+                return
             done |= {decision.slot}
 
     async def _load(
         self, req: SchedRequest, snap: SnapshotRef, decision: Decision, agents: dict[str, str]
-    ) -> None:
+    ) -> bool:
+        """Restore `snap` into the borrowed slot and mark it primed; False when that failed."""
         ref = decision.slot_ref
         if (decision.action is Action.DIRECT and decision.predicted_blocks >= snap.n_blocks) or \
                 self.slots.holds(ref, snap):
             self._metrics.primes.labels("held").inc()
-            return
+            return True
         outcome = await self._restorer.restore(req.model, req.prompt.blocks, decision.endpoint, decision.slot,
                                                snap, agents)
         if not isinstance(outcome, Restored):
             self._metrics.primes.labels("failed").inc()
-            return
+            return False
         state = slot_state(await LlamaClient(decision.endpoint.url, self._http).slots(), decision.slot)
         if state is None or state[0] not in (None, outcome.n_tokens):
             self._metrics.primes.labels("failed").inc()
-            return
+            return False
         # Before the lease is given back: a request scheduled next must see what the slot holds.
         self.slots.mark(ref, outcome.snapshot, state)
         try:
@@ -195,3 +198,4 @@ class Primer:
         self._metrics.primes.labels("loaded").inc()
         log.info("slot primed", extra={"snapshot": snap.name, "pod": decision.endpoint.url,
                                        "slot": decision.slot, "seconds": round(outcome.seconds, 4)})
+        return True
