@@ -40,7 +40,7 @@ from llamafleet_router.snapshots.base import SnapshotConfig, SnapshotMetrics
 from llamafleet_router.snapshots.cuts import divergence_point, held_stage
 from llamafleet_router.snapshots.detached import DETACH_MAX_TAIL_CHARS, BorrowSlot, DetachedBuilds
 from llamafleet_router.snapshots.first_sight import Flights, Prompt, StagedPrefill, StageFlights, StageKeys
-from llamafleet_router.snapshots.prime import PrimedSlots, Primer, same_text
+from llamafleet_router.snapshots.prime import PrimedSlots, Primer
 from llamafleet_router.snapshots.restore import Restored, RestoreExecutor, RestoreFailure
 from llamafleet_router.snapshots.resync import Resync
 from llamafleet_router.snapshots.ship import Shipper
@@ -97,13 +97,11 @@ class SnapshotFlow:
         failed: SnapshotRef | None = None
         if decision.action is Action.RESTORE and decision.snapshot is not None:
             snap = decision.snapshot
-            if primed is not None and same_text(primed.snapshot, snap) and await self.primer.still_holds(
-                    req.model, req.prompt.blocks, target.url, decision.slot_ref, primed):
-                # Loaded ahead of demand (prime.py) and untouched since: restoring it again changes nothing.
-                self.metrics.primes.labels("used").inc()
-                held = primed.snapshot
-                outcome: Restored | RestoreFailure = Restored(held, held.n_tokens, False, 0.0)
-                decision = replace(decision, snapshot=held, branch="primed")
+            reused = await self.primer.reuse(req.model, req.prompt.blocks, target.url, decision.slot_ref,
+                                             snap, primed)
+            outcome: Restored | RestoreFailure
+            if reused is not None:  # loaded ahead of demand (prime.py) and untouched since
+                outcome, decision = reused, replace(decision, snapshot=reused.snapshot, branch="primed")
             else:
                 outcome = await self.restorer.restore(req.model, req.prompt.blocks, target, decision.slot,
                                                       snap, agents)

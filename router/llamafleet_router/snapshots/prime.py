@@ -121,6 +121,19 @@ class Primer:
         self._tasks = tasks
         self.slots = slots
 
+    async def reuse(
+        self, model: str, blocks: Sequence[str], url: str, slot: SlotRef, wanted: SnapshotRef,
+        primed: Primed | None,
+    ) -> Restored | None:
+        """The restore of `wanted` into `slot` when the priming already did it and the slot is untouched
+        (restoring it again would change nothing); None: restore it."""
+        if primed is None or not same_text(primed.snapshot, wanted):
+            return None
+        if not await self.still_holds(model, blocks, url, slot, primed):
+            return None
+        self._metrics.primes.labels("used").inc()
+        return Restored(primed.snapshot, primed.snapshot.n_tokens, False, 0.0)
+
     async def still_holds(self, model: str, blocks: Sequence[str], url: str, slot: SlotRef,
                           primed: Primed) -> bool:
         """Whether `slot` (of the pod at `url`) still holds what it was primed with: the index says so
