@@ -38,13 +38,20 @@ from llamafleet_router.snapshots.restore import Restored, RestoreExecutor
 log = logging.getLogger(__name__)
 
 _DETACHED_START_S = 5.0  # a detached build waits at most this long for its request's first byte
-_RELEASE_S = 5.0  # a detached build gives its borrowed slot back within this, or leaves it to the TTL
+_RELEASE_S = 5.0  # a borrowed slot is given back within this, or left to its lease's TTL
 # A detached build computes the tail after the stage again, beside the request that computes it too:
 # worth it for a date line (tens of tokens), not for a long tail, which is built once, in place.
 DETACH_MAX_TAIL_CHARS = 1024
 
 #: A slot lent to a background build (a scheduling decision that holds its lease) and how to give it back.
 Borrowed = tuple[Decision, Callable[[], Awaitable[None]]]
+
+
+async def give_back(release: Callable[[], Awaitable[None]]) -> None:
+    """Give a borrowed slot back, within `_RELEASE_S`: at shutdown the lease store may be gone, and the
+    lease's TTL is the backstop. Never raises."""
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(release(), _RELEASE_S)
 
 
 class BorrowSlot(Protocol):
@@ -137,6 +144,4 @@ class DetachedBuilds:
             self._answering.pop(req.request_id, None)
             self._detached.discard(key)
             self._finish(key, stages, ref)
-            # Bounded: at shutdown the lease store may be gone, and the lease's TTL is the backstop.
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(release(), _RELEASE_S)
+            await give_back(release)

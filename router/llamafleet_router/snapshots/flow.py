@@ -175,7 +175,7 @@ class SnapshotFlow:
         if ref is None:
             return decision
         self._remember(key)
-        if self.config.prime_slots and self.borrow is not None:
+        if self.borrow is not None:  # up to `prime_slots` (0: none)
             self.primer.start(req, ref, pods, agents, self.borrow, self.config.prime_slots)
         session_blocks = prompt.session_chars // self.config.block_chars
         if restored is not None:  # built on top of a restored stage snapshot: say which one

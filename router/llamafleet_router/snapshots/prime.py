@@ -24,14 +24,14 @@ Rules, and why:
   decides to restore the head's snapshot there; the flow skips that restore when the slot was primed with
   exactly that text AND it is untouched: the index still says it holds the prefix (another replica's
   priming would have recorded its own) and llama-server's `GET /slots` shows the slot as the priming
-  left it (any task since changes its last task id). That check is one round trip to the pod, where
-  the restore it saves is a file read and a copy into the slot in the pod's main loop.
+  left it (any task since changes its last task id). That check is one round trip to the pod and one
+  to the index, side by side, where the restore it saves is a file read and a copy into the slot in
+  the pod's main loop.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Sequence
@@ -47,13 +47,12 @@ from llamafleet_router.background import TaskSet
 from llamafleet_router.discovery.base import PodStatus
 from llamafleet_router.scheduling.framework import Decision, SchedRequest
 from llamafleet_router.snapshots.base import SnapshotMetrics
-from llamafleet_router.snapshots.detached import BorrowSlot
+from llamafleet_router.snapshots.detached import BorrowSlot, give_back
 from llamafleet_router.snapshots.restore import Restored, RestoreExecutor
 
 log = logging.getLogger(__name__)
 
 PRIME_MIN_IDLE = 2  # a pod is primed only while it has this many idle slots: one stays free for requests
-_RELEASE_S = 5.0  # a borrowed slot is given back within this, or left to its lease's TTL
 
 
 def same_text(a: SnapshotRef, b: SnapshotRef) -> bool:
@@ -177,8 +176,7 @@ class Primer:
                 self._metrics.primes.labels("failed").inc()
                 return
             finally:
-                with contextlib.suppress(Exception):  # bounded: at shutdown the lease store may be gone
-                    await asyncio.wait_for(release(), _RELEASE_S)
+                await give_back(release)
             if not loaded:  # the agent refused it: another slot would fare no better
                 return
             done |= {decision.slot}
