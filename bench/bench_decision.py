@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from llamafleet_core.index import InMemoryPrefixIndex, InMemorySlotLeases, PrefixIndex, SlotLeases
-from llamafleet_core.index.redis_index import RedisPrefixIndex, RedisSlotLeases, connect
+from llamafleet_core.index.redis_index import RedisPrefixIndex, RedisSlotLeases, connect_index
 from llamafleet_core.prefix import ChatTemplate, TemplateCache, chat_identity
 from llamafleet_core.types import Endpoint, PodRef, SlotRef
 from llamafleet_local.llama_build import source_dir
@@ -134,7 +134,7 @@ async def run(requests: int, rounds: int) -> dict[str, Any]:
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="bench-decision-") as tmp:
         server = RedisServer(Path(tmp)).start()
-        client = connect(server.url, timeout_s=5)
+        client = connect_index(server.url, timeout_s=5)
         try:
             redis_index = RedisPrefixIndex(client)
             memory_index = InMemoryPrefixIndex()
@@ -161,7 +161,7 @@ async def run(requests: int, rounds: int) -> dict[str, Any]:
                 results[name]["branches"] = {b: sum(r["branches"].get(b, 0) for r in rows)
                                              for b in {b for r in rows for b in r["branches"]}}
                 results[name]["rounds"] = rows
-            results["redis"]["keys"] = await client.dbsize()
+            results["redis"]["keys"] = await client.execute("DBSIZE")
         finally:
             await client.aclose()
             server.stop()

@@ -25,7 +25,7 @@ from functools import partial
 from pathlib import Path
 
 from llamafleet_core.index import InMemoryPrefixIndex, PrefixIndex
-from llamafleet_core.index.redis_index import RedisPrefixIndex, connect
+from llamafleet_core.index.redis_index import RedisPrefixIndex, connect_index
 from llamafleet_core.types import SlotRef, SnapshotRef
 from llamafleet_local.redis_server import RedisServer
 
@@ -81,10 +81,10 @@ async def run(lookups: int) -> list[tuple[str, str, int, float, float]]:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         server = RedisServer(Path(tmp)).start()
-        client = connect(server.url, timeout_s=5)
+        client = connect_index(server.url, timeout_s=5)
         try:
             for shape in ("agents", "worst", "cold"):
-                await client.flushdb()
+                await client.execute("FLUSHDB")
                 backends: list[tuple[str, PrefixIndex]] = [
                     ("redis", RedisPrefixIndex(client)), ("memory", InMemoryPrefixIndex())]
                 for name, index in backends:
@@ -92,7 +92,7 @@ async def run(lookups: int) -> list[tuple[str, str, int, float, float]]:
                     found = await index.lookup(MODEL, query)
                     p50, p99 = await timed(partial(index.lookup, MODEL, query), lookups)
                     rows.append((shape, name, len(found.slots), p50, p99))
-            await client.flushdb()
+            await client.execute("FLUSHDB")
             redis_index = RedisPrefixIndex(client)
             blocks = chain("record", 240)
             record = partial(redis_index.record_slot, MODEL, SlotRef("p@1", 0), blocks, 1)

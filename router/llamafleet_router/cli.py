@@ -61,12 +61,12 @@ def settings_from_args(argv: list[str] | None) -> RouterSettings:
 def build_index(settings: RouterSettings) -> tuple[PrefixIndex, SlotLeases, Any]:
     """The index and leases, plus the Redis client to close afterwards (None for memory)."""
     if settings.index == "redis":
-        from llamafleet_core.index.redis_index import RedisPrefixIndex, RedisSlotLeases, connect
+        from llamafleet_core.index.redis_index import RedisPrefixIndex, RedisSlotLeases, connect_index
 
         assert settings.redis_url is not None
-        # Short timeouts and no retry backoff: a Redis outage must switch the router to degraded
-        # routing within a request, not stall requests while redis-py retries.
-        client = connect(settings.redis_url)
+        # Short timeouts, no retries: a Redis outage must switch the router to degraded routing within
+        # a request, not stall requests.
+        client = connect_index(settings.redis_url)
         return RedisPrefixIndex(client), RedisSlotLeases(client), client
     from llamafleet_core.index.memory import InMemoryPrefixIndex, InMemorySlotLeases
 
@@ -76,7 +76,7 @@ def build_index(settings: RouterSettings) -> tuple[PrefixIndex, SlotLeases, Any]
 async def run(settings: RouterSettings) -> None:
     index, leases, redis_client = build_index(settings)
     specs = settings.pod_specs
-    owned: list[Any] = []  # Redis clients made for discovery alone (index=memory), closed at the end
+    owned: list[Any] = []  # redis-py clients made for discovery, closed at the end
 
     def discovery(http: httpx.AsyncClient, fence: FenceHook) -> Discovery:
         if settings.discovery == "redis":
@@ -84,9 +84,8 @@ async def run(settings: RouterSettings) -> None:
             from llamafleet_router.discovery.membership import MembershipDiscovery
 
             assert settings.redis_url is not None
-            client = redis_client if redis_client is not None else connect(settings.redis_url)
-            if redis_client is None:
-                owned.append(client)
+            client = connect(settings.redis_url)  # redis-py: membership is off the request path
+            owned.append(client)
             return MembershipDiscovery(client, settings.fleets, http, poll_interval=settings.poll_interval,
                                        model_name=settings.model_name, fence=fence,
                                        hang_timeout=settings.hang_timeout)

@@ -22,7 +22,7 @@ from llamafleet_core.index import (
     PrefixIndex,
     SlotLeases,
 )
-from llamafleet_core.index.redis_index import RedisPrefixIndex, RedisSlotLeases, connect
+from llamafleet_core.index.redis_index import RedisPrefixIndex, RedisSlotLeases, connect_index
 from llamafleet_core.types import SlotRef, SnapshotRef, exact_text_hash
 
 MODEL = "qwen2-tiny"
@@ -75,7 +75,7 @@ async def backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
         yield Backend("memory", make_memory(), InMemorySlotLeases(clock=clock), make_memory, advance)
         return
     url: str = request.getfixturevalue("redis_url")
-    client = connect(url)
+    client = connect_index(url)
     prefix = f"t-{uuid.uuid4().hex[:12]}"  # isolates this test's keys in the shared server
 
     def make_redis(**kw: Any) -> PrefixIndex:

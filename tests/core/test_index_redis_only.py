@@ -14,7 +14,8 @@ import pytest
 import redis.asyncio as aioredis
 
 from llamafleet_core.index import IndexUnavailable, InMemoryPrefixIndex
-from llamafleet_core.index.redis_index import RedisPrefixIndex, RedisSlotLeases, connect
+from llamafleet_core.index.redis_index import RedisPrefixIndex, RedisSlotLeases, connect, connect_index
+from llamafleet_core.index.resp import RespClient
 from llamafleet_core.types import SlotRef, SnapshotRef
 from llamafleet_local.redis_server import RedisServer
 from tests.core.test_index_contract import chain, text
@@ -23,23 +24,34 @@ pytestmark = pytest.mark.redis
 MODEL = "qwen2-tiny"
 
 
-class CountingConnection(aioredis.Connection):
-    """Counts what goes on the wire: one `send_packed_command` is one request (a pipeline is one too)."""
-
-    sent = 0
-
-    async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
-        CountingConnection.sent += 1
-        await super().send_packed_command(command, check_health)
-
-
 @pytest.fixture
 async def client(redis_url: str) -> AsyncIterator[aioredis.Redis]:
+    """redis-py, to look at what the index wrote."""
     c = connect(redis_url)
     try:
         yield c
     finally:
         await c.aclose()
+
+
+@pytest.fixture
+async def rc(redis_url: str) -> AsyncIterator[RespClient]:
+    """The index's own client."""
+    c = connect_index(redis_url)
+    try:
+        yield c
+    finally:
+        await c.aclose()
+
+
+class CountingClient(RespClient):
+    """Counts the commands put on the wire."""
+
+    sent = 0
+
+    async def execute(self, *args: Any) -> Any:
+        CountingClient.sent += 1
+        return await super().execute(*args)
 
 
 def prefix() -> str:
@@ -48,18 +60,18 @@ def prefix() -> str:
 
 async def test_lookup_is_one_round_trip_when_chain_is_long(redis_url: str) -> None:
     """A 240-block lookup over 1,000 slot entries is one request on the wire and one EVALSHA on the server."""
-    pool = aioredis.ConnectionPool.from_url(redis_url, connection_class=CountingConnection)
-    client = aioredis.Redis(connection_pool=pool)
+    client = connect(redis_url)
+    counting = CountingClient.from_url(redis_url)
     try:
-        index = RedisPrefixIndex(client, prefix=prefix())
+        index = RedisPrefixIndex(counting, prefix=prefix())
         blocks = chain(text(240, "long"))
         for i in range(1000):
             await index.record_slot(MODEL, SlotRef(f"pod-{i // 8}@1", i % 8), blocks[: 1 + i % 240], 1)
         await index.lookup(MODEL, blocks)  # the first call may load the script (NOSCRIPT, LOAD, EVALSHA)
         before = await client.info("commandstats")
-        CountingConnection.sent = 0
+        CountingClient.sent = 0
         found = await index.lookup(MODEL, blocks)
-        sent = CountingConnection.sent
+        sent = CountingClient.sent
         after = await client.info("commandstats")
         assert sent == 1
         assert after["cmdstat_evalsha"]["calls"] - before["cmdstat_evalsha"]["calls"] == 1
@@ -68,13 +80,16 @@ async def test_lookup_is_one_round_trip_when_chain_is_long(redis_url: str) -> No
         assert found.best_slot_blocks() == 240
     finally:
         await client.aclose()
+        await counting.aclose()
 
 
-async def test_record_slot_leaves_no_stale_membership_when_content_changes(client: aioredis.Redis) -> None:
+async def test_record_slot_leaves_no_stale_membership_when_content_changes(
+    client: aioredis.Redis, rc: RespClient
+) -> None:
     """Replacing a slot's chain removes it from the old blocks' sets in Redis itself, not just from
     answers, and the slot hash holds the new chain."""
     p = prefix()
-    index = RedisPrefixIndex(client, prefix=p)
+    index = RedisPrefixIndex(rc, prefix=p)
     old, new = chain(text(5, "old")), chain(text(3, "new"))
     slot = SlotRef("pod-a@1", 2)
     await index.record_slot(MODEL, slot, old, 40)
@@ -85,10 +100,10 @@ async def test_record_slot_leaves_no_stale_membership_when_content_changes(clien
     assert await client.hget(f"{p}:{MODEL}:slot:{slot.key()}", "n_tokens") == b"40"
 
 
-async def test_keys_vanish_from_redis_when_ttl_passes(client: aioredis.Redis) -> None:
+async def test_keys_vanish_from_redis_when_ttl_passes(client: aioredis.Redis, rc: RespClient) -> None:
     """Expiry is real garbage collection: every key the index wrote disappears on its own."""
     p = prefix()
-    index = RedisPrefixIndex(client, prefix=p, slot_ttl_s=0.3, snapshot_ttl_s=0.3)
+    index = RedisPrefixIndex(rc, prefix=p, slot_ttl_s=0.3, snapshot_ttl_s=0.3)
     blocks = chain(text(4, "gc"))
     await index.record_slot(MODEL, SlotRef("pod-a@1", 0), blocks, 32)
     await index.record_snapshot(MODEL, SnapshotRef("s", "pod-a@1", 4, 32, 1), blocks)
@@ -101,10 +116,10 @@ async def test_keys_vanish_from_redis_when_ttl_passes(client: aioredis.Redis) ->
     assert await client.keys(f"{p}:*") == []
 
 
-async def test_agrees_with_memory_index_when_workload_is_random(client: aioredis.Redis) -> None:
+async def test_agrees_with_memory_index_when_workload_is_random(rc: RespClient) -> None:
     """The same random sequence of writes gives the same lookups in Redis and in memory."""
     rng = random.Random(7)
-    redis_index = RedisPrefixIndex(client, prefix=prefix())
+    redis_index = RedisPrefixIndex(rc, prefix=prefix())
     memory_index = InMemoryPrefixIndex()
     trunk = text(40, "trunk")
     chains = [chain(trunk[: 8 * rng.randint(0, 40)] + text(rng.randint(1, 20), f"b{i}")) for i in range(12)]
@@ -137,7 +152,8 @@ async def test_raises_index_unavailable_promptly_when_server_dies_and_recovers(
     """Killed server: every operation fails fast with IndexUnavailable and ping is False; once the
     server is back (empty, no persistence), the same objects work again without being rebuilt."""
     index = RedisPrefixIndex.from_url(redis_server.url)
-    leases = RedisSlotLeases(connect(redis_server.url))
+    lease_client = connect_index(redis_server.url)
+    leases = RedisSlotLeases(lease_client)
     blocks = chain(text(6, "outage"))
     slot = SlotRef("pod-a@1", 0)
     try:
@@ -167,15 +183,13 @@ async def test_raises_index_unavailable_promptly_when_server_dies_and_recovers(
         assert await leases.acquire(slot, "r1", 5)
     finally:
         await index.close()
-        await leases.close()
+        await lease_client.aclose()
 
 
-async def test_lookup_agrees_with_memory_when_every_slot_has_its_own_run_length(
-    client: aioredis.Redis,
-) -> None:
+async def test_lookup_agrees_with_memory_when_every_slot_has_its_own_run_length(rc: RespClient) -> None:
     """Many distinct run lengths make the Lua lookup search per slot instead of diffing member lists;
     both strategies must give the in-memory answer, including slots diverging mid-chain."""
-    redis_index = RedisPrefixIndex(client, prefix=prefix())
+    redis_index = RedisPrefixIndex(rc, prefix=prefix())
     memory_index = InMemoryPrefixIndex()
     base = text(120, "runs")
     query = chain(base)

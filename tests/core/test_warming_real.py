@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry
 
 from llamafleet_agent import AgentSettings, create_app
 from llamafleet_core.agent_client import AgentClient
-from llamafleet_core.index.redis_index import RedisPrefixIndex, connect
+from llamafleet_core.index.redis_index import RedisPrefixIndex, connect_index
 from llamafleet_core.llama_client import LlamaClient
 from llamafleet_core.prefix import ChatTemplate, chat_identity
 from llamafleet_core.warming import (
@@ -119,7 +119,7 @@ async def bed(start_llama_server: Any, tmp_path: Path, http: httpx.AsyncClient) 
 
 @pytest.fixture
 async def index(redis_url: str) -> AsyncIterator[RedisPrefixIndex]:
-    client = connect(redis_url, timeout_s=5.0)
+    client = connect_index(redis_url, timeout_s=5.0)
     try:
         yield RedisPrefixIndex(client, prefix=f"warm{uuid.uuid4().hex[:8]}", op_timeout_s=5.0)
     finally:

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
 
 from llamafleet_core.index.memory import InMemoryPrefixIndex, InMemorySlotLeases
-from llamafleet_core.index.redis_index import RedisPrefixIndex, RedisSlotLeases, connect
+from llamafleet_core.index.redis_index import RedisPrefixIndex, RedisSlotLeases, connect_index
 from llamafleet_core.prefix import block_chain
 from llamafleet_core.types import SlotRef, SnapshotRef
 
@@ -44,7 +44,7 @@ def loop() -> Iterator[asyncio.AbstractEventLoop]:
 
 def test_redis_and_memory_indexes_agree_under_any_program(redis_url: str,
                                                           loop: asyncio.AbstractEventLoop) -> None:
-    client = connect(redis_url)
+    client = connect_index(redis_url)
     counter = itertools.count()
 
     class Agree(RuleBasedStateMachine):

@@ -18,7 +18,7 @@ import httpx
 from pydantic import SecretStr
 from starlette.applications import Starlette
 
-from llamafleet_core.index.redis_index import RedisPrefixIndex, RedisSlotLeases, connect
+from llamafleet_core.index.redis_index import RedisPrefixIndex, RedisSlotLeases, connect_index
 from llamafleet_router.app import create_app
 from llamafleet_router.discovery.base import Discovery, FenceHook
 from llamafleet_router.discovery.static import StaticDiscovery
@@ -43,7 +43,7 @@ async def gateway(
     settings = RouterSettings(pods=",".join(pod_urls), redis_url=redis_url, poll_interval=poll_interval,
                               index_ping_interval=0.2,
                               agent_token=SecretStr(agent_token) if agent_token else None)
-    client = connect(redis_url)
+    client = connect_index(redis_url)
     index = RedisPrefixIndex(client, prefix=prefix)
     leases = RedisSlotLeases(client, prefix=prefix)
 

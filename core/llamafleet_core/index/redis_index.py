@@ -33,7 +33,6 @@ from urllib.parse import quote
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
 
 from llamafleet_core.index import redis_lua
 from llamafleet_core.index.base import (
@@ -44,19 +43,33 @@ from llamafleet_core.index.base import (
     check_snapshot,
     snapshot_order,
 )
+from llamafleet_core.index.resp import LuaScript, RespClient, RespError
 from llamafleet_core.types import Lookup, SlotRef, SnapshotRef
 
 T = TypeVar("T")
 DEFAULT_OP_TIMEOUT_S = 1.0
+_LOOKUP = LuaScript(redis_lua.LOOKUP)
+_RECORD_SLOT = LuaScript(redis_lua.RECORD_SLOT)
+_RECORD_SNAPSHOT = LuaScript(redis_lua.RECORD_SNAPSHOT)
+_FORGET_SNAPSHOT = LuaScript(redis_lua.FORGET_SNAPSHOT)
+_SNAPSHOTS = LuaScript(redis_lua.SNAPSHOTS)
+_PURGE_POD = LuaScript(redis_lua.PURGE_POD)
+_ACQUIRE_LEASE = LuaScript(redis_lua.ACQUIRE_LEASE)
+_RELEASE_LEASE = LuaScript(redis_lua.RELEASE_LEASE)
 _MAX_CACHED = 65_536  # parsed slot keys and snapshot payloads kept per index (a fleet has fewer)
+_MAX_GROUPS = 4_096  # parsed reply groups kept per index (each up to a fleet's slots)
+
+
+def connect_index(url: str, *, timeout_s: float = 0.5) -> RespClient:
+    """The client `RedisPrefixIndex` and `RedisSlotLeases` run on: the lean pipelined one (`resp.py`),
+    failing fast (a reply later than `timeout_s` counts as Redis down), since the router would rather
+    route without the index now than wait for it."""
+    return RespClient.from_url(url, timeout_s=timeout_s)
 
 
 def connect(url: str, *, timeout_s: float = 0.5) -> aioredis.Redis:
-    """A client tuned to fail fast: short socket timeouts and one immediate retry.
-
-    The retry re-dials a pooled connection that died with a restarted server; no backoff, because the
-    router would rather route without the index now than wait for it.
-    """
+    """A redis-py client for everything off the request path (membership): short socket timeouts and
+    one immediate retry, which re-dials a pooled connection that died with a restarted server."""
     client: aioredis.Redis = aioredis.Redis.from_url(
         url,
         socket_connect_timeout=timeout_s,
@@ -103,7 +116,7 @@ def _snapshot_from_json(raw: Any) -> SnapshotRef:
 class _RedisBase:
     """What both Redis classes share: the injected client, the prefix and error translation."""
 
-    def __init__(self, client: aioredis.Redis, prefix: str, op_timeout_s: float) -> None:
+    def __init__(self, client: RespClient, prefix: str, op_timeout_s: float) -> None:
         self._client = client
         self._prefix = prefix
         self._op_timeout_s = op_timeout_s
@@ -114,7 +127,7 @@ class _RedisBase:
         try:
             async with asyncio.timeout(self._op_timeout_s):
                 return await op()
-        except (RedisError, OSError, TimeoutError) as exc:
+        except (RespError, OSError, TimeoutError) as exc:
             raise IndexUnavailable(f"redis: {type(exc).__name__}: {exc}") from exc
 
     async def ping(self) -> bool:
@@ -134,7 +147,7 @@ class RedisPrefixIndex(_RedisBase):
 
     def __init__(
         self,
-        client: aioredis.Redis,
+        client: RespClient,
         *,
         prefix: str = DEFAULT_PREFIX,
         slot_ttl_s: float = DEFAULT_SLOT_TTL_S,
@@ -145,19 +158,13 @@ class RedisPrefixIndex(_RedisBase):
         self.slot_ttl_s = slot_ttl_s
         self.snapshot_ttl_s = snapshot_ttl_s
         self._refs: dict[str, SlotRef] = {}
+        self._groups: dict[bytes, tuple[SlotRef, ...]] = {}
         self._snaps: dict[str, SnapshotRef] = {}
-        reg = client.register_script
-        self._lookup = reg(redis_lua.LOOKUP)
-        self._record_slot = reg(redis_lua.RECORD_SLOT)
-        self._record_snapshot = reg(redis_lua.RECORD_SNAPSHOT)
-        self._forget_snapshot = reg(redis_lua.FORGET_SNAPSHOT)
-        self._snapshots = reg(redis_lua.SNAPSHOTS)
-        self._purge_pod = reg(redis_lua.PURGE_POD)
 
     @classmethod
-    def from_url(cls, url: str, **kwargs: Any) -> RedisPrefixIndex:
-        """An index that owns a fail-fast client (`connect`) and closes it in `close()`."""
-        index = cls(connect(url), **kwargs)
+    def from_url(cls, url: str, *, timeout_s: float = 0.5, **kwargs: Any) -> RedisPrefixIndex:
+        """An index that owns a fail-fast client (`connect_index`) and closes it in `close()`."""
+        index = cls(connect_index(url, timeout_s=timeout_s), **kwargs)
         index._owns_client = True
         return index
 
@@ -171,15 +178,24 @@ class RedisPrefixIndex(_RedisBase):
         if not blocks:
             return Lookup()
         args = [self._base(model), *_packed(blocks)]
-        raw = await self._call(lambda: self._lookup(args=args))
+        raw = await self._call(lambda: self._client.run_script(_LOOKUP, (), args))
         slots: dict[SlotRef, int] = {}
         for i in range(1, len(raw) - 1, 2):
-            run = int(raw[i])
-            for key in _text(raw[i + 1]).split("\n"):
-                slots[self._refs.get(key) or self._ref(key)] = run
+            group = raw[i + 1]
+            refs = self._groups.get(group) or self._group(group)
+            slots.update(dict.fromkeys(refs, int(raw[i])))
         snaps = _text(raw[0])
         found = sorted((self._snapshot(s) for s in snaps.split("\n") if s), key=snapshot_order)
         return Lookup(slots=slots, snapshots=tuple(found))
+
+    def _group(self, raw: bytes) -> tuple[SlotRef, ...]:
+        """The slots of one reply group, parsed once per distinct group: sessions sharing a prefix
+        keep answering with the same group (the same slots hold it), and parsing its ~200 keys one by
+        one was a third of a lookup's client time."""
+        if len(self._groups) >= _MAX_GROUPS:
+            self._groups.clear()
+        refs = self._groups[raw] = tuple(self._refs.get(k) or self._ref(k) for k in _text(raw).split("\n"))
+        return refs
 
     def _ref(self, key: str) -> SlotRef:
         """The one SlotRef of a slot key: parsed once, and identical objects make later dict lookups
@@ -203,7 +219,7 @@ class RedisPrefixIndex(_RedisBase):
             self._base(model), self._pod_key(slot.pod_uid), slot.key(), _ms(self.slot_ttl_s), n_tokens,
             *_packed(blocks),
         ]
-        await self._call(lambda: self._record_slot(args=args))
+        await self._call(lambda: self._client.run_script(_RECORD_SLOT, (), args))
 
     async def forget_slot(self, model: str, slot: SlotRef) -> None:
         await self.record_slot(model, slot, (), 0)
@@ -219,20 +235,20 @@ class RedisPrefixIndex(_RedisBase):
             self._base(model), self._pod_key(snap.pod_uid), json.dumps([snap.pod_uid, snap.name]),
             _ms(self.snapshot_ttl_s), payload, snap.last_block,
         ]
-        await self._call(lambda: self._record_snapshot(args=args))
+        await self._call(lambda: self._client.run_script(_RECORD_SNAPSHOT, (), args))
 
     async def forget_snapshot(self, model: str, name: str, pod_uid: str) -> None:
         args = [self._base(model), self._pod_key(pod_uid), json.dumps([pod_uid, name])]
-        await self._call(lambda: self._forget_snapshot(args=args))
+        await self._call(lambda: self._client.run_script(_FORGET_SNAPSHOT, (), args))
 
     async def snapshots(self, model: str, pod_uid: str | None = None) -> list[SnapshotRef]:
-        raw = await self._call(lambda: self._snapshots(args=[self._base(model)]))
+        raw = await self._call(lambda: self._client.run_script(_SNAPSHOTS, (), [self._base(model)]))
         found = [_snapshot_from_json(r) for r in raw]
         return sorted((s for s in found if pod_uid is None or s.pod_uid == pod_uid),
                       key=lambda s: (s.name, s.pod_uid))
 
     async def purge_pod(self, pod_uid: str) -> int:
-        removed = await self._call(lambda: self._purge_pod(args=[self._pod_key(pod_uid)]))
+        removed = await self._call(lambda: self._client.run_script(_PURGE_POD, (), [self._pod_key(pod_uid)]))
         return int(removed)
 
 
@@ -241,25 +257,24 @@ class RedisSlotLeases(_RedisBase):
 
     def __init__(
         self,
-        client: aioredis.Redis,
+        client: RespClient,
         *,
         prefix: str = DEFAULT_PREFIX,
         op_timeout_s: float = DEFAULT_OP_TIMEOUT_S,
     ) -> None:
         super().__init__(client, prefix, op_timeout_s)
-        self._acquire = client.register_script(redis_lua.ACQUIRE_LEASE)
-        self._release = client.register_script(redis_lua.RELEASE_LEASE)
 
     def _key(self, slot: SlotRef) -> str:
         return f"{self._prefix}:lease:{quote(slot.key(), safe='')}"
 
     async def acquire(self, slot: SlotRef, holder: str, ttl_s: float) -> bool:
-        got = await self._call(lambda: self._acquire(keys=[self._key(slot)], args=[holder, _ms(ttl_s)]))
+        got = await self._call(
+            lambda: self._client.run_script(_ACQUIRE_LEASE, [self._key(slot)], [holder, _ms(ttl_s)]))
         return bool(int(got))
 
     async def release(self, slot: SlotRef, holder: str) -> None:
-        await self._call(lambda: self._release(keys=[self._key(slot)], args=[holder]))
+        await self._call(lambda: self._client.run_script(_RELEASE_LEASE, [self._key(slot)], [holder]))
 
     async def holder(self, slot: SlotRef) -> str | None:
-        raw = await self._call(lambda: self._client.get(self._key(slot)))
+        raw = await self._call(lambda: self._client.execute("GET", self._key(slot)))
         return None if raw is None else _text(raw)

@@ -46,10 +46,10 @@ def open_index(redis_url: str | None) -> Index:
         from llamafleet_core.index.memory import InMemoryPrefixIndex, InMemorySlotLeases
 
         return Index(InMemoryPrefixIndex(), InMemorySlotLeases(), None)
-    from llamafleet_core.index.redis_index import RedisPrefixIndex, RedisSlotLeases, connect
+    from llamafleet_core.index.redis_index import RedisPrefixIndex, RedisSlotLeases, connect_index
 
     # One client for both: its fail-fast timeouts are what the router relies on in degraded mode.
-    client = connect(redis_url)
+    client = connect_index(redis_url)
     return Index(RedisPrefixIndex(client), RedisSlotLeases(client), redis_url)
 
 

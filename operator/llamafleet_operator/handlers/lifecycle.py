@@ -29,13 +29,16 @@ async def startup_fn(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: k
     # `kubectl delete`) waits a whole minute for a timer that was mid-reconcile.
     settings.background.cancellation_polling = 1.0
     redis = connect(ours.redis_url, timeout_s=2.0) if ours.redis_url else None
+    # The index owns its own (lean) client, closed with it; membership writes go through redis-py.
+    index = None if not ours.redis_url else RedisPrefixIndex.from_url(
+        ours.redis_url, prefix=ours.index_prefix, timeout_s=2.0, op_timeout_s=2.0)
     memo.ctx = Context(
         kube=await Kube.connect(default_kubeconfig(ours.kubeconfig)),
         http=httpx.AsyncClient(timeout=ours.http_timeout_s),
         settings=ours,
         agent_token=ours.resolved_agent_token(),
         redis=redis,
-        index=RedisPrefixIndex(redis, prefix=ours.index_prefix) if redis is not None else None,
+        index=index,
     )
     logger.info(f"operator started (redis: {'on' if redis is not None else 'off'})")
 

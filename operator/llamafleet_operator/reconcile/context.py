@@ -62,3 +62,5 @@ class Context:
         await self.http.aclose()
         if self.redis is not None:
             await self.redis.aclose()
+        if self.index is not None:
+            await self.index.close()
