@@ -18,6 +18,8 @@ hash) is measured beside it as its own cost, since the issue lists it separately
 
 The requests are measured in `--rounds` interleaved rounds (Redis and memory alternate, order rotated),
 and every figure is the median over rounds of that round's percentile: the machine is shared and noisy.
+It runs on the router's own event loop (uvloop when installed, as `llamafleet router` does; `--loop
+asyncio` for the standard one).
 
     .venv/bin/python bench/bench_decision.py [--requests 1000] [--rounds 5]
 """
@@ -45,6 +47,7 @@ from llamafleet_core.types import Endpoint, PodRef, SlotRef
 from llamafleet_local.llama_build import source_dir
 from llamafleet_local.redis_server import RedisServer
 from llamafleet_local.workload import WorkloadSpec, make_profile, user_question
+from llamafleet_router.cli import loop_factory
 from llamafleet_router.scheduling.config import default_config
 from llamafleet_router.scheduling.framework import EndpointState, SchedRequest
 from llamafleet_router.scheduling.scheduler import Scheduler
@@ -185,14 +188,19 @@ def main() -> None:
     p.add_argument("--requests", type=int, default=1000, help="measured requests per index, over all rounds")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--out", type=Path, default=HERE / "results" / "decision.json")
+    p.add_argument("--loop", choices=("router", "asyncio"), default="router",
+                   help="the event loop: the router's own (uvloop when installed) or asyncio's default")
     args = p.parse_args()
     started = time.time()
-    results = asyncio.run(run(args.requests, args.rounds))
+    factory = loop_factory() if args.loop == "router" else None
+    with asyncio.Runner(loop_factory=factory) as runner:
+        results = runner.run(run(args.requests, args.rounds))
+        loop_name = type(runner.get_loop()).__module__.split(".")[0]
     print(table(results))
     meta = {"requests": args.requests, "rounds": args.rounds, "pods": PODS, "slots_per_pod": SLOTS,
             "entries": ENTRIES, "sharing_prefix": SHARED, "block_chars": BLOCK_CHARS, "cpus": os.cpu_count(),
-            "python": platform.python_version(), "seconds": round(time.time() - started, 1),
-            "goal": {"redis_schedule_p99_ms": 2.0}}
+            "python": platform.python_version(), "loop": loop_name,
+            "seconds": round(time.time() - started, 1), "goal": {"redis_schedule_p99_ms": 2.0}}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"meta": meta, "results": results}, indent=1) + "\n")
     print(f"wrote {args.out}")
