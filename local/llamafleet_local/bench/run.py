@@ -1,8 +1,14 @@
-"""Run the seed-table benchmark: every model through setups (a), (b) and (c), one after the other.
+"""Run the seed-table benchmark: every model through setups (a), (b) and (c).
 
-One setup runs at a time (at most two llama-servers on the machine's two cores), and every setup gets
-the same request bodies in the same order. Raw replies are kept in the result (with their output
-pieces), so the summary can be recomputed from the JSON alone (`report.summarize`).
+The three setups of a model are started together, and the headline scenario (the 3rd concurrent
+session, prompts as they are) runs interleaved: repeat r runs on every setup, in an order rotated by r,
+before repeat r + 1 starts. Run one after the other, each setup's repeats fell in its own minutes of
+the run, and this shared machine's speed drifts by a third over such spans: a (b)/(c) ratio then
+measured the drift as much as the setups. The other scenarios run setup by setup afterwards.
+
+Only one setup works at a time (the others' servers sit idle), and every setup gets the same request
+bodies in the same order. Raw replies are kept in the result (with their output pieces), so the summary
+can be recomputed from the JSON alone (`report.summarize`).
 """
 
 from __future__ import annotations
@@ -117,16 +123,31 @@ def replies(rs: list[Reply]) -> list[dict[str, Any]]:
     return [r.summary() for r in rs]
 
 
-async def run_setup(setup: PlainPods | Fleet, kind: str, model: str, profiles: Profiles, plan: Plan,
-                    say: Callable[[str], None]) -> dict[str, Any]:
-    """All scenarios against one started setup; raw replies by scenario."""
-    out: dict[str, Any] = {"as_is": [], "declared": [], "warm_up": [], "sizes": {}}
-    timeout = httpx.Timeout(30.0, read=900.0)
-    async with httpx.AsyncClient(timeout=timeout) as http:
-        url = setup.url
+TIMEOUT = httpx.Timeout(30.0, read=900.0)
+
+
+async def run_as_is(setups: dict[str, PlainPods | Fleet], model: str, profiles: Profiles,
+                    say: Callable[[str], None]) -> dict[str, list[list[dict[str, Any]]]]:
+    """The 3rd-concurrent-session runs, prompts as they are, interleaved over the started setups: repeat
+    r on every setup (order rotated by r) before repeat r + 1."""
+    kinds = list(setups)
+    out: dict[str, list[list[dict[str, Any]]]] = {kind: [] for kind in kinds}
+    async with httpx.AsyncClient(timeout=TIMEOUT) as http:
         for r, prof in enumerate(profiles.as_is):
-            out["as_is"].append(replies(await sc.three_sessions(http, url, prof, model, f"as-is/{r}")))
-            say(f"{kind}: 3 sessions, as they are, run {r + 1}: 3rd TTFT {_ttft(out['as_is'])}")
+            for kind in kinds[r % len(kinds):] + kinds[: r % len(kinds)]:
+                out[kind].append(replies(await sc.three_sessions(http, setups[kind].url, prof, model,
+                                                                 f"as-is/{r}")))
+                say(f"{kind}: 3 sessions, as they are, run {r + 1}: 3rd TTFT {_ttft(out[kind])}")
+    return out
+
+
+async def run_setup(setup: PlainPods | Fleet, kind: str, model: str, profiles: Profiles, plan: Plan,
+                    say: Callable[[str], None], as_is: list[list[dict[str, Any]]]) -> dict[str, Any]:
+    """The other scenarios against one started setup, after its interleaved `as_is` runs; raw replies
+    by scenario."""
+    out: dict[str, Any] = {"as_is": as_is, "declared": [], "warm_up": [], "sizes": {}}
+    async with httpx.AsyncClient(timeout=TIMEOUT) as http:
+        url = setup.url
         if kind == "llamafleet":
             out["snapshot_files"] = _snapshot_files(setup)
         for r, prof in enumerate(profiles.declared):
@@ -197,21 +218,25 @@ async def run_model(model: str, plan: Plan, run_dir: Path, say: Callable[[str], 
     resolved = await asyncio.to_thread(resolve, base, say)
     result: dict[str, Any] = {"setups": {}, "kv": _kv(model)}
     profiles: Profiles | None = None
-    for kind in plan.setups:
-        folder = run_dir / model / kind
-        setup: PlainPods | Fleet
-        if kind == "llamafleet":
-            assert profiles is not None, "a plain setup runs first (it calibrates the sizes)"
-            docs = fleet_docs(model, plan, profiles.declared)
-            config: FleetConfig = parse_documents(docs, "bench", run_dir)
-            setup = Fleet(config, folder)
-        else:
-            pods = 1 if kind == "plain" else plan.pods
-            setup = PlainPods(kind, resolved, folder, pods, sglang=kind == "sglang")
-        say(f"{model}: starting {kind}")
-        started = time.perf_counter()
-        await setup.start()
-        try:
+    setups: dict[str, PlainPods | Fleet] = {}
+    seconds: dict[str, float] = {}
+    try:
+        for kind in plan.setups:  # all started first: the headline runs interleave (module docstring)
+            folder = run_dir / model / kind
+            setup: PlainPods | Fleet
+            if kind == "llamafleet":
+                assert profiles is not None, "a plain setup starts first (it calibrates the sizes)"
+                docs = fleet_docs(model, plan, profiles.declared)
+                config: FleetConfig = parse_documents(docs, "bench", run_dir)
+                setup = Fleet(config, folder)
+            else:
+                pods = 1 if kind == "plain" else plan.pods
+                setup = PlainPods(kind, resolved, folder, pods, sglang=kind == "sglang")
+            say(f"{model}: starting {kind}")
+            started = time.perf_counter()
+            setups[kind] = setup
+            await setup.start()
+            seconds[kind] = time.perf_counter() - started
             if profiles is None:
                 measure = prefix_tokens_on(setup.servers[0])
                 chars = {s: await asyncio.to_thread(chars_for_tokens, s, measure) for s in plan.sizes}
@@ -219,12 +244,21 @@ async def run_model(model: str, plan: Plan, run_dir: Path, say: Callable[[str], 
                                          for s, c in chars.items()}
                 profiles = make_profiles(chars, plan)
                 result["minimum_prefill"] = await minimum_for(setup.servers[0], plan, model)
-            result["setups"][kind] = await run_setup(setup, kind, model, profiles, plan, say)
+        assert profiles is not None
+        started = time.perf_counter()
+        as_is = await run_as_is(setups, model, profiles, say)
+        for kind in setups:  # the interleaved runs' time, shared out evenly
+            seconds[kind] += (time.perf_counter() - started) / len(setups)
+        for kind, setup in list(setups.items()):
+            started = time.perf_counter()
+            result["setups"][kind] = await run_setup(setup, kind, model, profiles, plan, say, as_is[kind])
             if isinstance(setup, Fleet):
                 result["snapshots_enabled_by_bench"] = setup.snapshots_enabled_here
-        finally:
+            await setups.pop(kind).stop()
+            result["setups"][kind]["seconds"] = seconds[kind] + time.perf_counter() - started
+    finally:
+        for setup in setups.values():
             await setup.stop()
-        result["setups"][kind]["seconds"] = time.perf_counter() - started
     if "llamafleet" in plan.setups and plan.flash_attention != BASELINE_FLASH_ATTENTION:
         assert profiles is not None
         say(f"{model}: cold reference runs with the fleet's own command line (flash attention "
