@@ -17,7 +17,9 @@ import sys
 from collections.abc import Sequence
 
 import kopf
+from pydantic import ValidationError
 
+from llamafleet_core.settings_errors import describe
 from llamafleet_operator.handlers import register
 from llamafleet_operator.settings import OperatorSettings
 
@@ -60,6 +62,9 @@ async def run(args: argparse.Namespace, settings: OperatorSettings,
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         args, settings = parse(sys.argv[1:] if argv is None else argv)
+    except ValidationError as exc:
+        print(f"llamafleet operator: invalid settings:\n{describe(exc)}", file=sys.stderr)
+        return 2
     except ValueError as exc:
         print(f"llamafleet operator: {exc}", file=sys.stderr)
         return 2

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from llamafleet_core.index.resp import Address
 
 
 class OperatorSettings(BaseSettings):
@@ -41,6 +43,13 @@ class OperatorSettings(BaseSettings):
     """How often a SharedPrefix looks for pods that do not hold it yet (new or restarted pods)."""
     http_timeout_s: float = Field(default=120.0, gt=0)
     """Agent calls; a pull of a large snapshot or a first prefill takes a while."""
+
+    @field_validator("redis_url")
+    @classmethod
+    def _check_redis_url(cls, value: str | None) -> str | None:
+        if value is not None:
+            Address.from_url(value)  # the index's client: a URL it cannot use fails here, by name
+        return value
 
     def resolved_agent_token(self) -> str:
         if self.agent_token is not None and self.agent_token.get_secret_value():

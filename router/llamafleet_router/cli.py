@@ -21,6 +21,7 @@ import uvicorn
 from pydantic import ValidationError
 
 from llamafleet_core.index.base import PrefixIndex, SlotLeases
+from llamafleet_core.settings_errors import describe
 from llamafleet_router.app import create_app
 from llamafleet_router.discovery.base import Discovery, FenceHook
 from llamafleet_router.discovery.static import StaticDiscovery
@@ -135,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = settings_from_args(argv)
     except ValidationError as exc:
-        print(f"llamafleet router: invalid settings:\n{exc}")
+        print(f"llamafleet router: invalid settings:\n{describe(exc)}")
         return 2
     configure_logging(settings.log_level)
     if settings.discovery == "static" and not settings.pods:

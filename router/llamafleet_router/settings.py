@@ -13,6 +13,8 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from llamafleet_core.index.resp import Address
+
 
 @dataclass(frozen=True, slots=True)
 class PodSpec:
@@ -129,6 +131,13 @@ class RouterSettings(BaseSettings):
     def _check_pods(cls, value: list[str]) -> list[str]:
         for text in value:
             PodSpec.parse(text)
+        return value
+
+    @field_validator("redis_url")
+    @classmethod
+    def _check_redis_url(cls, value: str | None) -> str | None:
+        if value is not None:
+            Address.from_url(value)  # the index's client: a URL it cannot use fails here, by name
         return value
 
     @field_validator("fleets")

@@ -117,3 +117,14 @@ def test_pod_endpoints_read_from_named_ports() -> None:
 ])
 def test_emulator_label_selector(selector: str, expected: bool) -> None:
     assert matches(selector, {"metadata": {"labels": {"a": "1", "b": "2"}}}) is expected
+
+
+def test_operator_rejects_a_bad_redis_url_without_showing_its_password(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from llamafleet_operator.cli import main
+
+    monkeypatch.setenv("LLAMAFLEET_OPERATOR_REDIS_URL", "redis://:hunter2@r:6379/0?nope=1")
+    assert main([]) == 2
+    err = capsys.readouterr().err
+    assert "redis_url" in err and "nope" in err and "hunter2" not in err

@@ -84,6 +84,18 @@ def test_settings_parse_pods_and_pick_the_index(monkeypatch: pytest.MonkeyPatch)
         RouterSettings(pods=["ftp://x"])
 
 
+def test_a_redis_url_the_index_cannot_use_fails_at_start_without_showing_its_password(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from llamafleet_router.cli import main
+
+    with pytest.raises(ValidationError):
+        RouterSettings(redis_url="redis://r:6379/0?socket_timeout=3")
+    assert main(["--redis", "redis://:hunter2@r:6379/zero"]) == 2
+    out = capsys.readouterr().out
+    assert "redis_url" in out and "bad Redis URL" in out and "hunter2" not in out
+
+
 def test_api_keys_file_lines_need_a_name_and_are_stored_hashed(tmp_path: Path) -> None:
     assert parse_key_lines(["# comment", "", "ci: sk-1 ", "dev:sk:with:colons"]) == [
         ("ci", "sk-1"), ("dev", "sk:with:colons")]
