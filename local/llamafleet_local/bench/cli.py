@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("seed-table", help="TTFT, reuse, tokens computed, KV and agreement against peers")
     p.add_argument("--models", default="dense,hybrid", help="comma-separated: dense, hybrid (tiny models)")
-    p.add_argument("--repeats", type=int, default=None, help="runs of the 14K three-session scenarios (3)")
+    p.add_argument("--repeats", type=int, default=None, help="runs of the 14K three-session scenarios (5)")
     p.add_argument("--size-repeats", type=int, default=None, help="runs of each larger prefix size (1)")
     p.add_argument("--quick", action="store_true", help="small prefixes, one run each: a smoke run")
     p.add_argument("--setups", default=",".join(SETUPS), help="comma-separated subset of " + ",".join(SETUPS))

@@ -45,7 +45,7 @@ class Plan:
     """What one run measures; `--quick` shrinks it."""
 
     models: tuple[str, ...] = ("tiny-dense", "tiny-hybrid")
-    repeats: int = 3  # of the 14K third-session runs (as they are, and declared)
+    repeats: int = 5  # of the 14K third-session runs (as they are, and declared)
     sizes: tuple[int, ...] = PREFIX_TOKENS  # the first is the "as they are" size
     size_repeats: int = 1  # of each larger size
     mixed_sessions: int = 50
