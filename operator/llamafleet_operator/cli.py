@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import kopf
 from pydantic import ValidationError
 
-from llamafleet_core.settings_errors import describe
+from llamafleet_core.settings_support import describe
 from llamafleet_operator.handlers import register
 from llamafleet_operator.settings import OperatorSettings
 

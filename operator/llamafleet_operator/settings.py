@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from llamafleet_core.index.resp import Address
+from llamafleet_core.settings_support import RedisUrl
 
 
 class OperatorSettings(BaseSettings):
@@ -21,7 +21,7 @@ class OperatorSettings(BaseSettings):
     """Namespaces to serve (globs allowed); empty means cluster-wide."""
     kubeconfig: str | None = None
     """A kubeconfig file for the operator's own client; unset: in-cluster credentials, else $KUBECONFIG."""
-    redis_url: str | None = None
+    redis_url: RedisUrl | None = None
     """The prefix index and fleet membership. Unset: snapshots are warmed but not indexed, and routers
     in the cluster get no membership (they would need static discovery)."""
     index_prefix: str = "lf"
@@ -43,13 +43,6 @@ class OperatorSettings(BaseSettings):
     """How often a SharedPrefix looks for pods that do not hold it yet (new or restarted pods)."""
     http_timeout_s: float = Field(default=120.0, gt=0)
     """Agent calls; a pull of a large snapshot or a first prefill takes a while."""
-
-    @field_validator("redis_url")
-    @classmethod
-    def _check_redis_url(cls, value: str | None) -> str | None:
-        if value is not None:
-            Address.from_url(value)  # the index's client: a URL it cannot use fails here, by name
-        return value
 
     def resolved_agent_token(self) -> str:
         if self.agent_token is not None and self.agent_token.get_secret_value():

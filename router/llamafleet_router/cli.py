@@ -21,7 +21,7 @@ import uvicorn
 from pydantic import ValidationError
 
 from llamafleet_core.index.base import PrefixIndex, SlotLeases
-from llamafleet_core.settings_errors import describe
+from llamafleet_core.settings_support import describe
 from llamafleet_router.app import create_app
 from llamafleet_router.discovery.base import Discovery, FenceHook
 from llamafleet_router.discovery.static import StaticDiscovery

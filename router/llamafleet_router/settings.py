@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from llamafleet_core.index.resp import Address
+from llamafleet_core.settings_support import RedisUrl
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +59,7 @@ class RouterSettings(BaseSettings):
     #: Model name clients use; by default each pod's `model_alias` (or its model file's basename).
     model_name: str | None = None
     #: Redis URL of the shared prefix index (several router replicas share it).
-    redis_url: str | None = None
+    redis_url: RedisUrl | None = None
     #: Which prefix index to use: `redis` (needs redis_url) or `memory` (one replica only).
     #: Defaults to `redis` when redis_url is set, otherwise `memory`.
     index: Literal["redis", "memory"] | None = None
@@ -131,13 +131,6 @@ class RouterSettings(BaseSettings):
     def _check_pods(cls, value: list[str]) -> list[str]:
         for text in value:
             PodSpec.parse(text)
-        return value
-
-    @field_validator("redis_url")
-    @classmethod
-    def _check_redis_url(cls, value: str | None) -> str | None:
-        if value is not None:
-            Address.from_url(value)  # the index's client: a URL it cannot use fails here, by name
         return value
 
     @field_validator("fleets")
