@@ -39,21 +39,10 @@ class Endpoint:
     # sliding-window layers, see gguf_meta.py): a slot holding more than the prompt shares gives less.
     resume_anywhere: bool = True
     labels: tuple[tuple[str, str], ...] = ()
-    # The pod's SlotRefs, built once per endpoint (discovery builds an endpoint per poll, the scheduler
-    # needs one per slot candidate per request): `slot_ref(i)`.
-    _slot_refs: tuple[SlotRef, ...] = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        uid = self.pod.uid
-        object.__setattr__(self, "_slot_refs", tuple(SlotRef(uid, i) for i in range(max(0, self.n_slots))))
 
     @property
     def uid(self) -> str:
         return self.pod.uid
-
-    def slot_ref(self, slot: int) -> SlotRef:
-        refs = self._slot_refs
-        return refs[slot] if 0 <= slot < len(refs) else SlotRef(self.pod.uid, slot)
 
 
 @dataclass(frozen=True, slots=True)

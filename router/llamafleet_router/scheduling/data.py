@@ -165,7 +165,7 @@ class Candidate:
     key: SlotRef = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "key", self.state.endpoint.slot_ref(self.slot))
+        object.__setattr__(self, "key", SlotRef(self.state.endpoint.pod.uid, self.slot))
 
     @property
     def endpoint(self) -> Endpoint:
