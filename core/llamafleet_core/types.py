@@ -108,6 +108,9 @@ class Lookup:
 
     slots: dict[SlotRef, int] = field(default_factory=dict)
     snapshots: tuple[SnapshotRef, ...] = ()
+    # The slot whose latest recorded prompt had the conversation tag the lookup asked about (the
+    # previous turn of this conversation), when it still holds it.
+    conversation: SlotRef | None = None
 
     def best_slot_blocks(self) -> int:
         return max(self.slots.values(), default=0)

@@ -46,6 +46,13 @@ class Outcome:
     served_slot: int | None = None  # the slot llama-server reports it used, when it says
 
 
+def _tag(prompt: PromptLike) -> str | None:
+    """The prompt's conversation tag (`PromptIdentity.conversation`), recorded with the slot so that the
+    conversation's next turn finds it (`Lookup.conversation`)."""
+    tag = getattr(prompt, "conversation", None)
+    return tag if isinstance(tag, str) else None
+
+
 def judge(predicted_blocks: int, cache_n: int, block_tokens: float) -> str:
     """Compare the index's prediction with the server's reuse.
 
@@ -102,7 +109,7 @@ class AfterResponse:
         ref = SlotRef(decision.endpoint.pod.uid, decision.slot)
         estimate = int(len(req.prompt.blocks) * self._block_chars / self._chars_per_token)
         try:
-            await self._index.record_slot(req.model, ref, req.prompt.blocks, estimate)
+            await self._index.record_slot(req.model, ref, req.prompt.blocks, estimate, _tag(req.prompt))
         except IndexUnavailable as exc:
             self._index_failed("record_dispatched", exc)
         except Exception:
@@ -158,7 +165,7 @@ class AfterResponse:
                          extra={"pod": decision.endpoint.url, "slot": slot,
                                 "predicted_blocks": decision.predicted_blocks, "cache_n": cache_n})
                 await self._index.forget_slot(model, ref)
-            await self._index.record_slot(model, ref, prompt.blocks, stats.n_tokens)
+            await self._index.record_slot(model, ref, prompt.blocks, stats.n_tokens, _tag(prompt))
         except IndexUnavailable as exc:
             self._index_failed("record_slot", exc)
         except Exception:

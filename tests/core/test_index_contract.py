@@ -141,6 +141,33 @@ class TestPrefixIndexContract:
         await idx.record_slot(MODEL, SB, [], 0)  # an empty chain forgets too
         assert (await idx.lookup(MODEL, old)).slots == {}
 
+    async def test_conversation_tag_names_the_slot_of_its_latest_record(self, backend: Backend) -> None:
+        """A lookup with a tag gets the slot last recorded with it, while that slot keeps it: a record
+        of the slot without the tag (a restore, another session) or a forget drops it, and a record of
+        another slot with the tag moves it there. Whole blocks alone cannot tell these slots apart."""
+        head = chain(text(6, "head"))
+        idx = backend.index
+        await idx.record_slot(MODEL, SA, head, 48, conversation="conv-x")
+        await idx.record_slot(MODEL, SB, head, 48, conversation="conv-y")
+        found = await idx.lookup(MODEL, head, conversation="conv-x")
+        assert found.slots == {SA: 6, SB: 6} and found.conversation == SA
+        assert (await idx.lookup(MODEL, head, conversation="conv-y")).conversation == SB
+        assert (await idx.lookup(MODEL, head)).conversation is None
+        assert (await idx.lookup(MODEL, head, conversation="conv-z")).conversation is None
+        await idx.record_slot(MODEL, SA, head, 48)  # overwritten without the tag: no longer its slot
+        assert (await idx.lookup(MODEL, head, conversation="conv-x")).conversation is None
+        await idx.record_slot(MODEL, SC, head, 48, conversation="conv-y")  # the conversation moved
+        assert (await idx.lookup(MODEL, head, conversation="conv-y")).conversation == SC
+        await idx.record_slot(MODEL, SB, head[:2], 16)  # the old slot's re-record leaves the new one
+        assert (await idx.lookup(MODEL, head, conversation="conv-y")).conversation == SC
+        assert (await idx.lookup(MODEL, chain(text(3, "other")), conversation="conv-y")).conversation is None
+        await idx.forget_slot(MODEL, SC)
+        assert (await idx.lookup(MODEL, head, conversation="conv-y")).conversation is None
+        await idx.record_slot(MODEL, SD, head, 48, conversation="conv-w")
+        assert await idx.purge_pod(SD.pod_uid) == 1
+        await idx.record_slot(MODEL, SD, head, 48)
+        assert (await idx.lookup(MODEL, head, conversation="conv-w")).conversation is None
+
     async def test_models_never_mix_when_they_share_chains(self, backend: Backend) -> None:
         """The same blocks under another model (even one whose name extends this one's) match nothing."""
         blocks = chain(text(5, "shared"))

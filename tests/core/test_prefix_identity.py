@@ -15,6 +15,7 @@ from llamafleet_core.prefix import (
     completion_identity,
     special_token_start,
 )
+from llamafleet_core.prefix.identity import first_message_end
 from tests.fixtures.templates import TOOLS_AFTER, TOOLS_FIRST, Templates
 
 TOOLS = [
@@ -80,6 +81,45 @@ def test_shared_prefix_ends_before_the_first_user_message_when_the_conversation_
     assert later.shared_chars == first.session_prefix_chars < later.session_prefix_chars
     assert later.text[: later.shared_chars] == first.text[: first.session_prefix_chars]
     assert later.text[later.shared_chars:].startswith("<|im_start|>user\nquestion 0")
+
+
+@pytest.mark.models
+@pytest.mark.parametrize("name", TEMPLATES)
+@pytest.mark.parametrize("block_chars", [16, 64, 256])
+def test_every_turn_of_a_conversation_carries_its_tag_and_other_sessions_do_not(
+    name: str, block_chars: int
+) -> None:
+    """The tag covers the head plus the first question exactly: a later turn of the same conversation
+    has it, another question or another head does not (even when they differ inside the last block)."""
+    def tag(body: dict[str, Any]) -> str | None:
+        return chat_identity(body, TEMPLATES[name], model="m", block_chars=block_chars).conversation
+
+    first = tag(history("question 0", turns=0))
+    assert first is not None
+    assert tag(history("the next question", turns=2)) == first  # its first user message is "question 0"
+    assert tag(history("question 1", turns=0)) != first
+    assert tag(history("question 0!", turns=0)) != first  # one character more, inside the last block
+    assert tag(history("question 0", tools=False, turns=0)) != first
+    assert chat_identity(history("question 0", turns=0), TEMPLATES[name], model="other",
+                         block_chars=block_chars).conversation != first
+
+
+def test_no_conversation_tag_without_a_template_render_or_a_user_message() -> None:
+    assert chat_identity(history("q", turns=0), None, model="m").conversation is None
+    system_only = {"messages": [{"role": "system", "content": "s"}]}
+    assert chat_identity(system_only, None, model="m").conversation is None
+    assert completion_identity({"prompt": "hello"}, model="m").conversation is None
+
+
+def test_first_message_end_finds_the_marker_after_the_opening_one() -> None:
+    text = "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\n"
+    start = text.index("<|im_start|>user")
+    assert text[: first_message_end(text, start)].endswith("user\nQ")
+    markers = ["<|im_start|>", "<|im_end|>"]
+    assert first_message_end(text, start, markers=markers) == text.index("<|im_end|>", start)
+    assert first_message_end("<|im_start|>user\nno end", 0) == 0
+    assert first_message_end("plain text", 0) == 0
+    assert first_message_end("[INST] q [/INST]", 0, markers=["<|x|>"]) == 0
 
 
 def test_shared_prefix_is_the_session_prefix_in_the_fallback_render_of_a_first_turn() -> None:

@@ -20,15 +20,17 @@ class FlakyIndex(InMemoryPrefixIndex):
         super().__init__()
         self.down = False
 
-    async def lookup(self, model: str, blocks: Sequence[str]) -> Lookup:
+    async def lookup(self, model: str, blocks: Sequence[str], conversation: str | None = None) -> Lookup:
         if self.down:
             raise IndexUnavailable("redis: connection refused")
-        return await super().lookup(model, blocks)
+        return await super().lookup(model, blocks, conversation)
 
-    async def record_slot(self, model: str, slot: SlotRef, blocks: Sequence[str], n_tokens: int) -> None:
+    async def record_slot(
+        self, model: str, slot: SlotRef, blocks: Sequence[str], n_tokens: int, conversation: str | None = None
+    ) -> None:
         if self.down:
             raise IndexUnavailable("redis: connection refused")
-        await super().record_slot(model, slot, blocks, n_tokens)
+        await super().record_slot(model, slot, blocks, n_tokens, conversation)
 
     async def ping(self) -> bool:
         return not self.down

@@ -35,19 +35,27 @@ class IndexUnavailable(RuntimeError):
 class PrefixIndex(Protocol):
     """Which (pod, slot) holds how much of a block chain, and which snapshots hold a prefix of it."""
 
-    async def lookup(self, model: str, blocks: Sequence[str]) -> Lookup:
+    async def lookup(self, model: str, blocks: Sequence[str], conversation: str | None = None) -> Lookup:
         """Longest match, per (pod, slot) and per snapshot, of the chain `blocks` for `model`.
 
         `Lookup.slots[slot]` is how many leading blocks of `blocks` the slot holds (only slots holding
         at least block 0 appear). `Lookup.snapshots` lists the snapshots whose chain is a prefix of
-        `blocks` (their matched block count is their `n_blocks`), longest first. One backend round trip.
+        `blocks` (their matched block count is their `n_blocks`), longest first. With `conversation`,
+        `Lookup.conversation` is the slot last recorded with that tag, if no other record replaced it
+        since. One backend round trip.
         """
         ...
 
-    async def record_slot(self, model: str, slot: SlotRef, blocks: Sequence[str], n_tokens: int) -> None:
+    async def record_slot(
+        self, model: str, slot: SlotRef, blocks: Sequence[str], n_tokens: int, conversation: str | None = None
+    ) -> None:
         """The slot holds `blocks` NOW: replaces what it held before (old blocks stop matching it).
 
-        An empty `blocks` is the same as `forget_slot`. Refreshes the entry's TTL.
+        `conversation` tags the entry with the prompt's conversation (`PromptIdentity.conversation`):
+        whole blocks cannot tell a slot holding this conversation's last turn from one holding another
+        session's question that ends inside the same block, and a model that resumes only at
+        checkpoints needs to know. A record without it (a restore, a build) clears the slot's tag. An
+        empty `blocks` is the same as `forget_slot`. Refreshes the entry's TTL.
         """
         ...
 

@@ -30,6 +30,7 @@ class _SlotEntry:
     blocks: tuple[str, ...]
     n_tokens: int
     deadline: float
+    conversation: str | None = None
 
 
 def _runs(holders: dict[str, set[SlotRef]], query: Sequence[str]) -> dict[SlotRef, int]:
@@ -93,12 +94,13 @@ class InMemoryPrefixIndex:
         self._holders: dict[str, dict[str, set[SlotRef]]] = {}
         self._snaps: dict[str, dict[_SnapKey, tuple[SnapshotRef, float]]] = {}
         self._snap_last: dict[str, dict[str, set[_SnapKey]]] = {}
+        self._convs: dict[str, dict[str, SlotRef]] = {}  # model -> conversation tag -> its latest slot
         self._refs: dict[SlotRef, SlotRef] = {}  # canonical SlotRef objects (bounded by the fleet's slots)
         # Per pod, what it has in which model, so purge_pod costs O(its entries).
         self._pod_slots: dict[str, set[tuple[str, SlotRef]]] = {}
         self._pod_snaps: dict[str, set[tuple[str, _SnapKey]]] = {}
 
-    async def lookup(self, model: str, blocks: Sequence[str]) -> Lookup:
+    async def lookup(self, model: str, blocks: Sequence[str], conversation: str | None = None) -> Lookup:
         if not blocks:
             return Lookup()
         now = self._clock()
@@ -117,9 +119,14 @@ class InMemoryPrefixIndex:
                     snap, deadline = catalog[key]
                     if deadline > now and snap.n_blocks == i + 1:
                         snaps.append(snap)
-        return Lookup(slots=slots, snapshots=tuple(sorted(snaps, key=snapshot_order)))
+        own = self._convs.get(model, {}).get(conversation) if conversation else None
+        if own is not None and own not in slots:  # it holds none of this chain: not this conversation
+            own = None
+        return Lookup(slots=slots, snapshots=tuple(sorted(snaps, key=snapshot_order)), conversation=own)
 
-    async def record_slot(self, model: str, slot: SlotRef, blocks: Sequence[str], n_tokens: int) -> None:
+    async def record_slot(
+        self, model: str, slot: SlotRef, blocks: Sequence[str], n_tokens: int, conversation: str | None = None
+    ) -> None:
         if not blocks:
             await self.forget_slot(model, slot)
             return
@@ -146,12 +153,23 @@ class InMemoryPrefixIndex:
             else:
                 found.add(slot)
         deadline = self._clock() + self.slot_ttl_s
-        self._slots.setdefault(model, {})[slot] = _SlotEntry(chain, n_tokens, deadline)
+        if old is not None:
+            self._untag(model, slot, old)
+        self._slots.setdefault(model, {})[slot] = _SlotEntry(chain, n_tokens, deadline, conversation)
+        if conversation:
+            self._convs.setdefault(model, {})[conversation] = slot
         self._pod_slots.setdefault(slot.pod_uid, set()).add((model, slot))
+
+    def _untag(self, model: str, slot: SlotRef, entry: _SlotEntry) -> None:
+        """The slot no longer holds `entry`'s conversation (unless another slot took the tag since)."""
+        convs = self._convs.get(model)
+        if entry.conversation and convs is not None and convs.get(entry.conversation) == slot:
+            del convs[entry.conversation]
 
     def _drop_slot(self, model: str, slot: SlotRef) -> _SlotEntry | None:
         entry = self._slots.get(model, {}).pop(slot, None)
         if entry is not None:
+            self._untag(model, slot, entry)
             holders = self._holders.get(model, {})
             for h in entry.blocks:
                 _discard(holders, h, slot)

@@ -6,8 +6,10 @@ name cannot make two models share keys):
 - `P:M:b:{hash}`      ZSET, members `pod_uid#slot` (`SlotRef.key()`), score = the entry's deadline
                       (server ms). Scoring by deadline rather than last use lets every reader filter
                       expired members with one range query, whatever TTL the writer used.
-- `P:M:slot:{slotkey}` HASH `blocks` (JSON list), `n_tokens`, `deadline`: what the slot holds, so that
-                      `record_slot` can drop the slot from blocks it no longer holds.
+- `P:M:slot:{slotkey}` HASH `blocks` (JSON list), `n_tokens`, `deadline`, `conv`: what the slot holds,
+                      so that `record_slot` can drop the slot from blocks it no longer holds.
+- `P:M:conv:{tag}`    STRING slot key: the slot last recorded with this conversation tag, trusted only
+                      while that slot's `conv` still is the tag.
 - `P:M:snap:{hash}`   ZSET of snapshot ids whose LAST block is `hash`, scored by deadline.
 - `P:M:snaplast`      SET of the block hashes some snapshot ends at: one SMISMEMBER per lookup finds
                       which of the query's blocks end a snapshot.
@@ -174,19 +176,22 @@ class RedisPrefixIndex(_RedisBase):
     def _pod_key(self, pod_uid: str) -> str:
         return f"{self._prefix}:pod:{quote(pod_uid, safe='')}"
 
-    async def lookup(self, model: str, blocks: Sequence[str]) -> Lookup:
+    async def lookup(self, model: str, blocks: Sequence[str], conversation: str | None = None) -> Lookup:
         if not blocks:
             return Lookup()
-        args = [self._base(model), *_packed(blocks)]
+        width, *packed = _packed(blocks)
+        args = [self._base(model), width, conversation or "", *packed]
         raw = await self._call(lambda: self._client.run_script(_LOOKUP, (), args))
         slots: dict[SlotRef, int] = {}
-        for i in range(1, len(raw) - 1, 2):
+        for i in range(2, len(raw) - 1, 2):
             group = raw[i + 1]
             refs = self._groups.get(group) or self._group(group)
             slots.update(dict.fromkeys(refs, int(raw[i])))
         snaps = _text(raw[0])
         found = sorted((self._snapshot(s) for s in snaps.split("\n") if s), key=snapshot_order)
-        return Lookup(slots=slots, snapshots=tuple(found))
+        key = _text(raw[1])
+        own = (self._refs.get(key) or self._ref(key)) if key else None
+        return Lookup(slots=slots, snapshots=tuple(found), conversation=own if own in slots else None)
 
     def _group(self, raw: bytes) -> tuple[SlotRef, ...]:
         """The slots of one reply group, parsed once per distinct group: sessions sharing a prefix
@@ -214,10 +219,12 @@ class RedisPrefixIndex(_RedisBase):
             snap = self._snaps[raw] = _snapshot_from_json(raw)
         return snap
 
-    async def record_slot(self, model: str, slot: SlotRef, blocks: Sequence[str], n_tokens: int) -> None:
+    async def record_slot(
+        self, model: str, slot: SlotRef, blocks: Sequence[str], n_tokens: int, conversation: str | None = None
+    ) -> None:
         args: list[str | int] = [
             self._base(model), self._pod_key(slot.pod_uid), slot.key(), _ms(self.slot_ttl_s), n_tokens,
-            *_packed(blocks),
+            conversation or "", *_packed(blocks),
         ]
         await self._call(lambda: self._client.run_script(_RECORD_SLOT, (), args))
 

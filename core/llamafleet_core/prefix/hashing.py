@@ -71,3 +71,18 @@ def common_blocks(a: tuple[str, ...] | list[str], b: tuple[str, ...] | list[str]
     while i < n and a[i] == b[i]:
         i += 1
     return i
+
+
+def prefix_tag(
+    chain: tuple[str, ...], text: str, end: int, *, seed: str, block_chars: int = BLOCK_CHARS
+) -> str:
+    """An exact identity of `text[:end]`, for `chain` = the block chain of `text` (or of a longer text
+    sharing its first `end` characters): the hash of the last whole block before `end` followed by
+    the characters after it. Exact like a hash of the whole prefix, at the cost of one block."""
+    if block_chars <= 0:
+        raise ValueError("block_chars must be positive")
+    k = min(end // block_chars, len(chain))
+    prev = bytes.fromhex(chain[k - 1]) if k else chain_seed(seed)
+    h = blake2b(prev, digest_size=16, person=b"llamafleet/tag")
+    h.update(text[k * block_chars:end].encode("utf-8", "surrogatepass"))
+    return h.hexdigest()

@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from llamafleet_core.prefix.hashing import BLOCK_CHARS, block_chain, extend_chain
+from llamafleet_core.prefix.hashing import BLOCK_CHARS, block_chain, extend_chain, prefix_tag
 from llamafleet_core.prefix.template import ChatTemplate, PromptError, canonical_render, render_chat
 
 RenderedBy = Literal["template", "fallback", "raw"]
@@ -51,6 +51,10 @@ class PromptIdentity:
     # shares). Equal to `session_prefix_chars` for a first turn; shorter once a conversation has history,
     # whose own prefix (history included) no other session will send. None: same as the session prefix.
     shared_prefix_chars: int | None = None
+    # Exact identity of the text up to the end of the first user message (`first_message_end`): equal
+    # for every turn of one conversation, different for another session of the same agent; the index
+    # tags a slot with it, so a later turn finds the slot holding its conversation. None when unknown.
+    conversation: str | None = None
 
     @property
     def shared_chars(self) -> int:
@@ -192,9 +196,31 @@ def chat_identity(
         if block_chars <= 0:
             raise ValueError("block_chars must be positive")
         blocks = _chain(rendered.text, cut, basis, template, model, block_chars)
+        conversation = None
+        if rendered.path == "template" and first >= 0:
+            end = first_message_end(rendered.text, shared, markers)
+            if end:
+                conversation = prefix_tag(blocks, rendered.text, end, seed=model, block_chars=block_chars)
     except (ValueError, TypeError, RecursionError) as exc:  # e.g. block_chars <= 0, unencodable seed
         raise PromptError(str(exc)) from exc
-    return PromptIdentity(model, rendered.text, blocks, block_chars, cut, rendered.path, shared)
+    return PromptIdentity(model, rendered.text, blocks, block_chars, cut, rendered.path, shared, conversation)
+
+
+def first_message_end(text: str, start: int, markers: Sequence[str] | None = None) -> int:
+    """Where the message opening at `start` (the first user message: a special-token marker) ends: the
+    next marker after its own (0 when there is none). `text[:end]` is then the head plus the first
+    question, what every turn of one conversation renders alike (later turns only append to it)."""
+    if markers:
+        opened = next((start + len(m) for m in markers if m and text.startswith(m, start)), 0)
+        if not opened:
+            return 0
+        found = [i for m in markers if m and (i := text.find(m, opened)) >= 0]
+        return min(found, default=0)
+    opened_m = _SPECIAL.match(text, start)
+    if opened_m is None:
+        return 0
+    nxt = _SPECIAL.search(text, opened_m.end())
+    return nxt.start() if nxt is not None else 0
 
 
 def completion_identity(

@@ -93,3 +93,20 @@ def with_spares(c: Candidate, groups: Groups) -> Iterator[Candidate]:
     for slot in _by_age(c.state, c.state.idle_slots):
         if slot != c.slot and mine.get(slot, 0) == group:
             yield Candidate(c.state, slot)
+
+
+def restore_targets(state: EndpointState, slot: int, lookup: Lookup, snapshot_blocks: int) -> list[int]:
+    """Idle slots of the pod to restore into instead of `slot`, best first (empty: keep `slot`).
+
+    A restore replaces everything the slot held, so the slot it goes into should be the one whose
+    content is least likely to be wanted again, whatever the slot's score was. The picked slot
+    scores highest because it holds more of this prompt, which on a busy pod is typically another
+    session of the same agent between two turns: restoring over it made that session's next turn
+    compute its conversation again (the 50-session mixed workload: ~20 tokens per later turn, half
+    of its excess over the minimum). So the restore moves to a slot this router released longer ago
+    (never released first), unless the picked slot already holds the whole snapshot (a primed slot:
+    the snapshot flow may skip the restore there)."""
+    if lookup.slots.get(SlotRef(state.endpoint.pod.uid, slot), 0) >= snapshot_blocks > 0:
+        return []
+    mine = state.released_at(slot)
+    return [s for s in _by_age(state, state.idle_slots) if s != slot and state.released_at(s) < mine]

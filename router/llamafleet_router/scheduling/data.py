@@ -56,7 +56,8 @@ class PromptLike(Protocol):
 class PrefixIndexLike(Protocol):
     """The read side of `llamafleet_core.index.base.PrefixIndex`; raises when the index is unavailable."""
 
-    async def lookup(self, model: str, blocks: tuple[str, ...], /) -> Lookup: ...
+    async def lookup(self, model: str, blocks: tuple[str, ...], conversation: str | None = None, /) -> Lookup:
+        ...
 
 
 class SlotLeasesLike(Protocol):

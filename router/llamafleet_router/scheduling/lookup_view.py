@@ -47,10 +47,13 @@ def held_blocks(lookup: Lookup, endpoint: Endpoint, slot: int, prompt: PromptLik
     """
     held = (pod_best_blocks(lookup, endpoint.pod.uid) if endpoint.attach
             else slot_blocks(lookup, endpoint.pod.uid, slot))
-    return held if prompt is None else resumable(held, endpoint, prompt)
+    if prompt is None:
+        return held
+    own = lookup.conversation is not None and lookup.conversation == SlotRef(endpoint.pod.uid, slot)
+    return resumable(held, endpoint, prompt, own=own)
 
 
-def resumable(held: int, endpoint: Endpoint, prompt: PromptLike) -> int:
+def resumable(held: int, endpoint: Endpoint, prompt: PromptLike, *, own: bool = False) -> int:
     """Of `held` matching blocks, those a slot of this pod can resume from.
 
     Attention-only models resume at the exact divergence. A model with recurrent or windowed layers
@@ -65,8 +68,14 @@ def resumable(held: int, endpoint: Endpoint, prompt: PromptLike) -> int:
     which is where the shared head ends; but a match of whole blocks cannot tell a slot holding the
     whole head from one that diverges inside its last, partial block (a date line just before the user
     message). Counting such matches whole was tried: the mixed workload computed 5.3x its minimum.
+
+    `own`: the index says this slot's latest prompt was this very conversation's (`Lookup.conversation`:
+    the same head and first question, exactly), so it holds the head whole followed by this
+    conversation, with a checkpoint at least where its first question starts: the match counts whole.
+    Without that tag, a conversation whose turn ended inside the head's last block looked like any
+    other session there, and its next turn restored the head and computed its history again.
     """
-    if endpoint.resume_anywhere or held <= 0:
+    if endpoint.resume_anywhere or held <= 0 or own:
         return held
     shared = getattr(prompt, "shared_chars", None)
     shared_blocks = shared // prompt.block_chars if isinstance(shared, int) else len(prompt.session_blocks)

@@ -26,7 +26,13 @@ import time
 from collections.abc import Mapping, Sequence
 
 from llamafleet_core.types import Action, Lookup, SlotRef
-from llamafleet_router.scheduling.candidates import Groups, candidates, slot_groups, with_spares
+from llamafleet_router.scheduling.candidates import (
+    Groups,
+    candidates,
+    restore_targets,
+    slot_groups,
+    with_spares,
+)
 from llamafleet_router.scheduling.config import PipelineConfig
 from llamafleet_router.scheduling.decide import choose_action
 from llamafleet_router.scheduling.framework import (
@@ -61,6 +67,8 @@ from llamafleet_router.scheduling.speeds import SpeedBook
 from llamafleet_router.scheduling.weighing import weigh_candidates
 
 log = logging.getLogger(__name__)
+
+_MOVES = 2  # lease attempts when moving a restore to an older slot (another replica may hold them)
 
 
 class Scheduler:
@@ -143,7 +151,11 @@ class Scheduler:
         if not survivors:
             raise NoEndpointError(f"no endpoint for model {req.model!r}")
         lookup = state.read(LOOKUP, _EMPTY)
-        named = slot_groups(lookup, (ref for n in self._nominators for ref in n.nominate(req, state)))
+        # The slot holding this conversation's last turn stands on its own, as a session's last slot does:
+        # whole blocks make it look like the other slots holding the same head.
+        own = (lookup.conversation,) if lookup.conversation is not None else ()
+        nominated = (ref for n in self._nominators for ref in n.nominate(req, state))
+        named = slot_groups(lookup, (*own, *nominated))
         idle = candidates(survivors, named, idle_only=True)
         decision = None
         if idle:
@@ -210,7 +222,7 @@ class Scheduler:
                 attempts -= 1
                 pick = sc if c is sc.candidate else ScoredCandidate(c, sc.total, sc.scores)
                 if self._leases is None:
-                    return self._decide(req, state, pick, None)
+                    return await self._place(req, state, pick, self._decide(req, state, pick, None))
                 started = time.perf_counter()
                 try:
                     ok = await self._leases.acquire(c.key, holder, self.config.leases.ttl_s)
@@ -220,8 +232,30 @@ class Scheduler:
                 finally:
                     self._report("lease", "slot-leases", "acquire", started)
                 if ok:
-                    return self._decide(req, state, pick, holder)
+                    return await self._place(req, state, pick, self._decide(req, state, pick, holder))
         return None
+
+    async def _place(
+        self, req: SchedRequest, state: CycleState, pick: ScoredCandidate, decision: Decision
+    ) -> Decision:
+        """A restore goes into the pod's idle slot used longest ago rather than the picked one, whose
+        content it would replace (`candidates.restore_targets` says why); the lease moves with it."""
+        if decision.action is not Action.RESTORE or decision.snapshot is None:
+            return decision
+        s, holder = pick.candidate.state, decision.lease_holder
+        lookup = state.read(LOOKUP, _EMPTY)
+        for slot in restore_targets(s, decision.slot, lookup, decision.snapshot.n_blocks)[:_MOVES]:
+            if self._leases is not None and holder is not None:
+                try:
+                    ttl = self.config.leases.ttl_s
+                    if not await self._leases.acquire(SlotRef(s.uid, slot), holder, ttl):
+                        continue  # another replica's: try the next
+                except Exception:
+                    return decision
+                await self.release(decision)
+            moved = ScoredCandidate(Candidate(s, slot), pick.total, pick.scores)
+            return self._decide(req, state, moved, holder)
+        return decision
 
     def _decide(
         self, req: SchedRequest, state: CycleState, sc: ScoredCandidate, holder: str | None

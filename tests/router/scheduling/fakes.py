@@ -120,7 +120,7 @@ class FakeIndex:
     delay_s: float = 0.0
     calls: list[tuple[str, tuple[str, ...]]] = field(default_factory=list)
 
-    async def lookup(self, model: str, blocks: tuple[str, ...]) -> Lookup:
+    async def lookup(self, model: str, blocks: tuple[str, ...], conversation: str | None = None) -> Lookup:
         self.calls.append((model, blocks))
         if self.delay_s:
             await asyncio.sleep(self.delay_s)

@@ -57,6 +57,41 @@ async def test_restores_snapshot_into_another_slot_when_holder_slot_is_busy() ->
     assert d.snapshot is not None and d.snapshot.name == "pfx"
 
 
+async def test_a_restore_goes_into_the_slot_released_longest_ago() -> None:
+    """The restore replaces the slot's content: not the picked slot holding another session's
+    recent turn (slot 0, released last), but the pod's idle slot used longest ago (slot 3); the lease
+    moves with it."""
+    leases = FakeLeases()
+    index = FakeIndex(Lookup(slots={slot("b", 0): 4}, snapshots=(snapshot("pfx", "b", 30),)))
+    b = state("b", last_used={0: 9, 1: 7, 2: 8, 3: 2})
+    d = await make(index, leases).schedule(request(n_blocks=40), [b])
+    assert (d.action, d.slot) == (Action.RESTORE, 3)
+    assert leases.held == {slot("b", 3): "router-1:r1"}
+
+
+async def test_a_restore_stays_in_a_slot_that_already_holds_the_snapshot() -> None:
+    """A primed slot holding the whole snapshot keeps the decision (the restore may be skipped there)."""
+    index = FakeIndex(Lookup(slots={slot("b", 0): 30}, snapshots=(snapshot("pfx", "b", 30),)))
+    b = state("b", resume_anywhere=False, last_used={0: 9, 3: 2})
+    req = request(n_blocks=40, session_blocks=30)
+    d = await make(index).schedule(req, [b])
+    assert (d.action, d.slot) == (Action.RESTORE, 0)
+
+
+async def test_a_hybrid_conversation_goes_back_to_its_own_slot_not_a_restore() -> None:
+    """Two slots hold the head's whole blocks, the head snapshot is local: the slot the index tags
+    with this conversation is resumed as it is; without the tag, the head is restored."""
+    snaps = (snapshot("head", "b", 30),)
+    slots = {slot("b", 0): 30, slot("b", 1): 30}
+    req = request(n_blocks=40, session_blocks=36, shared_blocks=30)
+    b = state("b", resume_anywhere=False, last_used={0: 5, 1: 9})
+    tagged = Lookup(slots=slots, snapshots=snaps, conversation=slot("b", 1))
+    own = await make(FakeIndex(tagged)).schedule(req, [b])
+    assert (own.action, own.slot, own.branch) == (Action.DIRECT, 1, "slot_hit")
+    other = await make(FakeIndex(Lookup(slots=slots, snapshots=snaps))).schedule(req, [b])
+    assert other.action is Action.RESTORE and other.slot != 1
+
+
 async def test_uses_another_slot_when_holder_slot_is_busy_and_no_snapshot_exists() -> None:
     """Without a snapshot, the request is computed on an idle slot; the busy slot is never chosen."""
     index = FakeIndex(Lookup(slots={slot("b", 2): 10}))

@@ -73,6 +73,17 @@ def test_prefix_match_counts_a_hybrid_slots_match_short_of_its_checkpoint_gap() 
     assert scores[slot("a", 1)] == 35 / 40
 
 
+def test_prefix_match_counts_a_hybrid_slot_whole_when_it_holds_this_conversation() -> None:
+    """Whole blocks cannot tell a slot holding this conversation's last turn (ending inside the head's
+    last block) from another session's: the index's conversation tag can, and that slot counts whole."""
+    hybrid = state("a", resume_anywhere=False)
+    lookup = Lookup(slots={slot("a", 0): 30, slot("a", 1): 30}, conversation=slot("a", 1))
+    req = request(n_blocks=40, session_blocks=36, shared_blocks=30)
+    scores = PrefixMatchScorer("pm").score(req, with_lookup(lookup), candidates(hybrid))
+    assert scores[slot("a", 0)] == 21 / 40
+    assert scores[slot("a", 1)] == 30 / 40
+
+
 def test_prefix_match_is_zero_when_lookup_is_empty_or_prompt_has_no_blocks() -> None:
     a = state("a")
     assert set(PrefixMatchScorer("pm").score(request(), CycleState(), candidates(a)).values()) == {0.0}
@@ -107,6 +118,20 @@ def test_snapshot_match_is_zero_when_slot_already_holds_as_much() -> None:
     scores = SnapshotMatchScorer("sm", SnapshotMatchParams()).score(request(n_blocks=10), cs, candidates(b))
     assert scores[slot("b", 0)] == 0.0
     assert scores[slot("b", 1)] == 0.9 * 0.6
+
+
+def test_snapshot_match_scores_only_what_the_restore_adds_to_the_slot() -> None:
+    """prefix-match scores what the slot holds; snapshot-match adds the restore's gain over it, so a
+    slot holding less plus a restore never outscores one holding more (with the default weights)."""
+    b = state("b")
+    cs = with_lookup(Lookup(slots={slot("b", 0): 4, slot("b", 1): 9}, snapshots=(snapshot("s1", "b", 10),)))
+    sm = SnapshotMatchScorer("sm", SnapshotMatchParams()).score(request(n_blocks=10), cs, candidates(b))
+    pm = PrefixMatchScorer("pm").score(request(n_blocks=10), cs, candidates(b))
+    assert sm[slot("b", 0)] == 0.9 * (10 - 4) / 10
+    assert sm[slot("b", 1)] == 0.9 * (10 - 9) / 10
+    assert sm[slot("b", 2)] == 0.9
+    total = {ref: 10 * pm[ref] + 8 * sm[ref] for ref in sm}
+    assert total[slot("b", 1)] > total[slot("b", 0)] > total[slot("b", 2)]
 
 
 def test_snapshot_match_is_zero_when_restore_is_disabled() -> None:

@@ -63,7 +63,7 @@ class PrefixMatchScorer:
             else:
                 held = slots.get(c.key, 0)  # held_blocks without building a SlotRef
             if not c.endpoint.resume_anywhere:
-                held = resumable(held, c.endpoint, req.prompt)
+                held = resumable(held, c.endpoint, req.prompt, own=c.key == lookup.conversation)
             out[c.key] = min(held, total) / total
         return out
 

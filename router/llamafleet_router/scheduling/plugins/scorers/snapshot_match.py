@@ -8,8 +8,13 @@ Parameters:
     candidate pod's agent must pull first (needs `Endpoint.agent_url`).
 Consumes: `lookup` (from `prefix-lookup`) and `restore_enabled` (set by the scheduler from the config's
 `decision.restore_enabled`; 0 everywhere when false).
-Score: `max(discount * snapshot_blocks / total)` over snapshots restorable into the candidate that cover
-strictly more blocks than the slot already gives; 0 if none. Restorable: the candidate's pod has an
+Score: `max(discount * (snapshot_blocks - held) / total)` over snapshots restorable into the candidate
+that cover strictly more blocks than the slot already gives (`held`, as `prefix-match` counts it); 0
+if none. The gain, not the snapshot's whole size: `prefix-match` already scores what the slot holds,
+and a slot holding part of the prompt plus a restore then scored above one holding more of it. On a
+model that resumes only at checkpoints, where such partial holdings are counted short, that sent a
+conversation's next turn to a slot holding another session (restore, then compute its history again)
+instead of its own slot. Restorable: the candidate's pod has an
 agent and the prompt strictly extends the snapshot's exact text (`decide.usable_snapshots`, the rule
 the action choice applies too, so a scored snapshot is one that may really be restored). Whether the
 restore is actually worth it is decided after the pick by the cost model (`decide.py`).
@@ -73,7 +78,7 @@ class SnapshotMatchScorer:
             if snap.n_blocks <= held:
                 continue
             discount = self.params.remote_discount if remote else self.params.local_discount
-            best = max(best, discount * min(snap.n_blocks, total) / total)
+            best = max(best, discount * (min(snap.n_blocks, total) - held) / total)
         return best
 
 
