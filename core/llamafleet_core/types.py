@@ -111,9 +111,27 @@ class Lookup:
     # The slot whose latest recorded prompt had the conversation tag the lookup asked about (the
     # previous turn of this conversation), when it still holds it.
     conversation: SlotRef | None = None
+    # Of the slots holding exactly the head's whole blocks (`PromptTags.head_blocks`), those whose
+    # latest prompt had this head exactly: whole blocks alone cannot tell them from slots whose text
+    # parts from the head inside its last, partial block (another day's date line).
+    exact_head: frozenset[SlotRef] = frozenset()
 
     def best_slot_blocks(self) -> int:
         return max(self.slots.values(), default=0)
+
+
+@dataclass(frozen=True, slots=True)
+class PromptTags:
+    """Exact identities of two points of a chat prompt that its whole blocks cannot pin down, recorded
+    with a slot and asked about in a lookup (`PromptIdentity.tags`).
+
+    `head`: the text before the first user message (tools and system prompt), whose `head_blocks`
+    whole blocks the chain covers; `conversation`: the text through the end of the first user message,
+    the same for every turn of one conversation."""
+
+    head: str | None = None
+    head_blocks: int = 0
+    conversation: str | None = None
 
 
 class Action(StrEnum):

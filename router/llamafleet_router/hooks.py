@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from llamafleet_core.index.base import IndexUnavailable, PrefixIndex
-from llamafleet_core.types import SlotRef
+from llamafleet_core.types import PromptTags, SlotRef
 from llamafleet_router.background import IndexHealth
 from llamafleet_router.metrics import RouterMetrics
 from llamafleet_router.scheduling.framework import ANY_SLOT, Decision, EndpointState, PromptLike, SchedRequest
@@ -46,11 +46,12 @@ class Outcome:
     served_slot: int | None = None  # the slot llama-server reports it used, when it says
 
 
-def _tag(prompt: PromptLike) -> str | None:
-    """The prompt's conversation tag (`PromptIdentity.conversation`), recorded with the slot so that the
-    conversation's next turn finds it (`Lookup.conversation`)."""
-    tag = getattr(prompt, "conversation", None)
-    return tag if isinstance(tag, str) else None
+def _tags(prompt: PromptLike) -> PromptTags | None:
+    """The prompt's head and conversation tags (`PromptIdentity.tags`), recorded with the slot so that a
+    lookup can tell which slots hold this head, and this conversation, exactly (`Lookup.exact_head`,
+    `Lookup.conversation`)."""
+    tags = getattr(prompt, "tags", None)
+    return tags if isinstance(tags, PromptTags) else None
 
 
 def judge(predicted_blocks: int, cache_n: int, block_tokens: float) -> str:
@@ -109,7 +110,7 @@ class AfterResponse:
         ref = SlotRef(decision.endpoint.pod.uid, decision.slot)
         estimate = int(len(req.prompt.blocks) * self._block_chars / self._chars_per_token)
         try:
-            await self._index.record_slot(req.model, ref, req.prompt.blocks, estimate, _tag(req.prompt))
+            await self._index.record_slot(req.model, ref, req.prompt.blocks, estimate, _tags(req.prompt))
         except IndexUnavailable as exc:
             self._index_failed("record_dispatched", exc)
         except Exception:
@@ -165,7 +166,7 @@ class AfterResponse:
                          extra={"pod": decision.endpoint.url, "slot": slot,
                                 "predicted_blocks": decision.predicted_blocks, "cache_n": cache_n})
                 await self._index.forget_slot(model, ref)
-            await self._index.record_slot(model, ref, prompt.blocks, stats.n_tokens, _tag(prompt))
+            await self._index.record_slot(model, ref, prompt.blocks, stats.n_tokens, _tags(prompt))
         except IndexUnavailable as exc:
             self._index_failed("record_slot", exc)
         except Exception:

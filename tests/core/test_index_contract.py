@@ -23,7 +23,7 @@ from llamafleet_core.index import (
     SlotLeases,
 )
 from llamafleet_core.index.redis_index import RedisPrefixIndex, RedisSlotLeases, connect_index
-from llamafleet_core.types import SlotRef, SnapshotRef, exact_text_hash
+from llamafleet_core.types import PromptTags, SlotRef, SnapshotRef, exact_text_hash
 
 MODEL = "qwen2-tiny"
 
@@ -91,6 +91,10 @@ async def backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
 SA, SB, SC, SD = SlotRef("pod-a@1", 0), SlotRef("pod-a@1", 1), SlotRef("pod-b@1", 0), SlotRef("pod-c@1", 3)
 
 
+def conv(tag: str) -> PromptTags:
+    return PromptTags(conversation=tag)
+
+
 def snap(name: str, pod: str, blocks: Sequence[str]) -> SnapshotRef:
     n = len(blocks)
     return SnapshotRef(name=name, pod_uid=pod, n_blocks=n, n_tokens=10 * n, size_bytes=1 << 20)
@@ -147,26 +151,54 @@ class TestPrefixIndexContract:
         another slot with the tag moves it there. Whole blocks alone cannot tell these slots apart."""
         head = chain(text(6, "head"))
         idx = backend.index
-        await idx.record_slot(MODEL, SA, head, 48, conversation="conv-x")
-        await idx.record_slot(MODEL, SB, head, 48, conversation="conv-y")
-        found = await idx.lookup(MODEL, head, conversation="conv-x")
+        await idx.record_slot(MODEL, SA, head, 48, tags=conv("conv-x"))
+        await idx.record_slot(MODEL, SB, head, 48, tags=conv("conv-y"))
+        found = await idx.lookup(MODEL, head, tags=conv("conv-x"))
         assert found.slots == {SA: 6, SB: 6} and found.conversation == SA
-        assert (await idx.lookup(MODEL, head, conversation="conv-y")).conversation == SB
+        assert (await idx.lookup(MODEL, head, tags=conv("conv-y"))).conversation == SB
         assert (await idx.lookup(MODEL, head)).conversation is None
-        assert (await idx.lookup(MODEL, head, conversation="conv-z")).conversation is None
+        assert (await idx.lookup(MODEL, head, tags=conv("conv-z"))).conversation is None
         await idx.record_slot(MODEL, SA, head, 48)  # overwritten without the tag: no longer its slot
-        assert (await idx.lookup(MODEL, head, conversation="conv-x")).conversation is None
-        await idx.record_slot(MODEL, SC, head, 48, conversation="conv-y")  # the conversation moved
-        assert (await idx.lookup(MODEL, head, conversation="conv-y")).conversation == SC
+        assert (await idx.lookup(MODEL, head, tags=conv("conv-x"))).conversation is None
+        await idx.record_slot(MODEL, SC, head, 48, tags=conv("conv-y"))  # the conversation moved
+        assert (await idx.lookup(MODEL, head, tags=conv("conv-y"))).conversation == SC
         await idx.record_slot(MODEL, SB, head[:2], 16)  # the old slot's re-record leaves the new one
-        assert (await idx.lookup(MODEL, head, conversation="conv-y")).conversation == SC
-        assert (await idx.lookup(MODEL, chain(text(3, "other")), conversation="conv-y")).conversation is None
+        assert (await idx.lookup(MODEL, head, tags=conv("conv-y"))).conversation == SC
+        assert (await idx.lookup(MODEL, chain(text(3, "other")), tags=conv("conv-y"))).conversation is None
         await idx.forget_slot(MODEL, SC)
-        assert (await idx.lookup(MODEL, head, conversation="conv-y")).conversation is None
-        await idx.record_slot(MODEL, SD, head, 48, conversation="conv-w")
+        assert (await idx.lookup(MODEL, head, tags=conv("conv-y"))).conversation is None
+        await idx.record_slot(MODEL, SD, head, 48, tags=conv("conv-w"))
         assert await idx.purge_pod(SD.pod_uid) == 1
         await idx.record_slot(MODEL, SD, head, 48)
-        assert (await idx.lookup(MODEL, head, conversation="conv-w")).conversation is None
+        assert (await idx.lookup(MODEL, head, tags=conv("conv-w"))).conversation is None
+
+    async def test_exact_head_names_the_slots_holding_the_head_where_its_blocks_end(
+        self, backend: Backend
+    ) -> None:
+        """Slots whose run ends with the head's whole blocks hold it exactly, or part from it inside its
+        last partial block (another day's date line): the head tag tells which. Slots matching past the
+        head, or recorded without the tag, are not listed; a re-record without it drops the slot."""
+        base = text(8, "head")
+        query = chain(base + text(4, "q1"))
+        other_question = chain(base + text(3, "q2"))
+        other_day = chain(base[: 6 * 8] + text(5, "day2"))  # parts inside block 6, the head's last
+        idx = backend.index
+        today = PromptTags(head="h-today", head_blocks=6)
+        tomorrow = PromptTags(head="h-tomorrow", head_blocks=6)
+        await idx.record_slot(MODEL, SA, other_question[:6], 48, tags=today)
+        await idx.record_slot(MODEL, SB, other_day, 88, tags=tomorrow)
+        await idx.record_slot(MODEL, SC, query[:10], 80, tags=today)  # this head and past it
+        await idx.record_slot(MODEL, SD, other_question[:6], 48)  # no tag
+        found = await idx.lookup(MODEL, query, tags=today)
+        assert found.slots == {SA: 6, SB: 6, SC: 10, SD: 6}
+        assert found.exact_head == {SA}
+        assert (await idx.lookup(MODEL, query, tags=tomorrow)).exact_head == {SB}
+        assert (await idx.lookup(MODEL, query)).exact_head == frozenset()
+        await idx.record_slot(MODEL, SA, other_question[:6], 48)
+        assert (await idx.lookup(MODEL, query, tags=today)).exact_head == frozenset()
+        await idx.record_slot(MODEL, SD, other_question[:6], 48, tags=today)
+        await idx.forget_slot(MODEL, SD)
+        assert (await idx.lookup(MODEL, query, tags=today)).exact_head == frozenset()
 
     async def test_models_never_mix_when_they_share_chains(self, backend: Backend) -> None:
         """The same blocks under another model (even one whose name extends this one's) match nothing."""

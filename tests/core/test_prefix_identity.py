@@ -92,7 +92,7 @@ def test_every_turn_of_a_conversation_carries_its_tag_and_other_sessions_do_not(
     """The tag covers the head plus the first question exactly: a later turn of the same conversation
     has it, another question or another head does not (even when they differ inside the last block)."""
     def tag(body: dict[str, Any]) -> str | None:
-        return chat_identity(body, TEMPLATES[name], model="m", block_chars=block_chars).conversation
+        return chat_identity(body, TEMPLATES[name], model="m", block_chars=block_chars).conversation_tag
 
     first = tag(history("question 0", turns=0))
     assert first is not None
@@ -101,14 +101,33 @@ def test_every_turn_of_a_conversation_carries_its_tag_and_other_sessions_do_not(
     assert tag(history("question 0!", turns=0)) != first  # one character more, inside the last block
     assert tag(history("question 0", tools=False, turns=0)) != first
     assert chat_identity(history("question 0", turns=0), TEMPLATES[name], model="other",
-                         block_chars=block_chars).conversation != first
+                         block_chars=block_chars).conversation_tag != first
+
+
+@pytest.mark.models
+@pytest.mark.parametrize("name", TEMPLATES)
+def test_the_head_tag_names_the_exact_text_before_the_first_user_message(name: str) -> None:
+    """Every session and turn with the same tools and system prompt has the head tag; a system prompt
+    differing in its last characters (inside the head's last block) does not."""
+    def ident(body: dict[str, Any]) -> Any:
+        return chat_identity(body, TEMPLATES[name], model="m")
+
+    first = ident(history("question 0", turns=0))
+    assert first.head_tag is not None
+    assert first.tags.head == first.head_tag and first.tags.head_blocks == first.shared_chars // 256
+    assert ident(history("another", turns=0)).head_tag == first.head_tag
+    assert ident(history("later", turns=2)).head_tag == first.head_tag
+    other_day = history("question 0", turns=0)
+    other_day["messages"][0]["content"] += "Today is Tuesday."
+    assert ident(other_day).head_tag != first.head_tag
+    assert completion_identity({"prompt": "hello"}, model="m").head_tag is None
 
 
 def test_no_conversation_tag_without_a_template_render_or_a_user_message() -> None:
-    assert chat_identity(history("q", turns=0), None, model="m").conversation is None
+    assert chat_identity(history("q", turns=0), None, model="m").conversation_tag is None
     system_only = {"messages": [{"role": "system", "content": "s"}]}
-    assert chat_identity(system_only, None, model="m").conversation is None
-    assert completion_identity({"prompt": "hello"}, model="m").conversation is None
+    assert chat_identity(system_only, None, model="m").conversation_tag is None
+    assert completion_identity({"prompt": "hello"}, model="m").conversation_tag is None
 
 
 def test_first_message_end_finds_the_marker_after_the_opening_one() -> None:

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from llamafleet_core.index.base import IndexUnavailable
 from llamafleet_core.index.memory import InMemoryPrefixIndex
-from llamafleet_core.types import Lookup, SlotRef
+from llamafleet_core.types import Lookup, PromptTags, SlotRef
 from llamafleet_router.inprocess import app_client
 from tests.router.conftest import AppFactory, chat_body
 
@@ -20,17 +20,17 @@ class FlakyIndex(InMemoryPrefixIndex):
         super().__init__()
         self.down = False
 
-    async def lookup(self, model: str, blocks: Sequence[str], conversation: str | None = None) -> Lookup:
+    async def lookup(self, model: str, blocks: Sequence[str], tags: PromptTags | None = None) -> Lookup:
         if self.down:
             raise IndexUnavailable("redis: connection refused")
-        return await super().lookup(model, blocks, conversation)
+        return await super().lookup(model, blocks, tags)
 
     async def record_slot(
-        self, model: str, slot: SlotRef, blocks: Sequence[str], n_tokens: int, conversation: str | None = None
+        self, model: str, slot: SlotRef, blocks: Sequence[str], n_tokens: int, tags: PromptTags | None = None
     ) -> None:
         if self.down:
             raise IndexUnavailable("redis: connection refused")
-        await super().record_slot(model, slot, blocks, n_tokens, conversation)
+        await super().record_slot(model, slot, blocks, n_tokens, tags)
 
     async def ping(self) -> bool:
         return not self.down

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Protocol, runtime_checkable
 
-from llamafleet_core.types import Lookup, SlotRef, SnapshotRef
+from llamafleet_core.types import Lookup, PromptTags, SlotRef, SnapshotRef
 
 DEFAULT_SLOT_TTL_S = 3600.0  # a slot's content is overwritten within minutes when busy; an hour covers idle
 DEFAULT_SNAPSHOT_TTL_S = 86400.0  # agents and the operator re-record snapshots well within a day
@@ -35,27 +35,29 @@ class IndexUnavailable(RuntimeError):
 class PrefixIndex(Protocol):
     """Which (pod, slot) holds how much of a block chain, and which snapshots hold a prefix of it."""
 
-    async def lookup(self, model: str, blocks: Sequence[str], conversation: str | None = None) -> Lookup:
+    async def lookup(self, model: str, blocks: Sequence[str], tags: PromptTags | None = None) -> Lookup:
         """Longest match, per (pod, slot) and per snapshot, of the chain `blocks` for `model`.
 
         `Lookup.slots[slot]` is how many leading blocks of `blocks` the slot holds (only slots holding
         at least block 0 appear). `Lookup.snapshots` lists the snapshots whose chain is a prefix of
-        `blocks` (their matched block count is their `n_blocks`), longest first. With `conversation`,
-        `Lookup.conversation` is the slot last recorded with that tag, if no other record replaced it
-        since. One backend round trip.
+        `blocks` (their matched block count is their `n_blocks`), longest first. With `tags`:
+        `Lookup.conversation` is the slot last recorded with `tags.conversation`, if no other record
+        replaced it since and it holds some of `blocks`; `Lookup.exact_head` the slots holding exactly
+        `tags.head_blocks` blocks whose latest record had `tags.head`. One backend round trip.
         """
         ...
 
     async def record_slot(
-        self, model: str, slot: SlotRef, blocks: Sequence[str], n_tokens: int, conversation: str | None = None
+        self, model: str, slot: SlotRef, blocks: Sequence[str], n_tokens: int, tags: PromptTags | None = None
     ) -> None:
         """The slot holds `blocks` NOW: replaces what it held before (old blocks stop matching it).
 
-        `conversation` tags the entry with the prompt's conversation (`PromptIdentity.conversation`):
-        whole blocks cannot tell a slot holding this conversation's last turn from one holding another
-        session's question that ends inside the same block, and a model that resumes only at
-        checkpoints needs to know. A record without it (a restore, a build) clears the slot's tag. An
-        empty `blocks` is the same as `forget_slot`. Refreshes the entry's TTL.
+        `tags` (`PromptIdentity.tags`) say which head and which conversation the slot holds exactly:
+        whole blocks cannot tell a slot holding this head, or this conversation's last turn, from one
+        whose text parts from it inside the last block, and the decision needs to know (a model that
+        resumes only at checkpoints, a head differing in its date line). A record without them (a
+        restore, a build) clears the slot's tags. An empty `blocks` is the same as `forget_slot`.
+        Refreshes the entry's TTL.
         """
         ...
 

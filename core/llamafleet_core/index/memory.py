@@ -17,7 +17,7 @@ from llamafleet_core.index.base import (
     check_snapshot,
     snapshot_order,
 )
-from llamafleet_core.types import Lookup, SlotRef, SnapshotRef
+from llamafleet_core.types import Lookup, PromptTags, SlotRef, SnapshotRef
 
 Clock = Callable[[], float]
 
@@ -30,7 +30,7 @@ class _SlotEntry:
     blocks: tuple[str, ...]
     n_tokens: int
     deadline: float
-    conversation: str | None = None
+    tags: PromptTags | None = None
 
 
 def _runs(holders: dict[str, set[SlotRef]], query: Sequence[str]) -> dict[SlotRef, int]:
@@ -95,12 +95,13 @@ class InMemoryPrefixIndex:
         self._snaps: dict[str, dict[_SnapKey, tuple[SnapshotRef, float]]] = {}
         self._snap_last: dict[str, dict[str, set[_SnapKey]]] = {}
         self._convs: dict[str, dict[str, SlotRef]] = {}  # model -> conversation tag -> its latest slot
+        self._heads: dict[str, dict[str, set[SlotRef]]] = {}  # model -> head tag -> slots holding it
         self._refs: dict[SlotRef, SlotRef] = {}  # canonical SlotRef objects (bounded by the fleet's slots)
         # Per pod, what it has in which model, so purge_pod costs O(its entries).
         self._pod_slots: dict[str, set[tuple[str, SlotRef]]] = {}
         self._pod_snaps: dict[str, set[tuple[str, _SnapKey]]] = {}
 
-    async def lookup(self, model: str, blocks: Sequence[str], conversation: str | None = None) -> Lookup:
+    async def lookup(self, model: str, blocks: Sequence[str], tags: PromptTags | None = None) -> Lookup:
         if not blocks:
             return Lookup()
         now = self._clock()
@@ -119,13 +120,18 @@ class InMemoryPrefixIndex:
                     snap, deadline = catalog[key]
                     if deadline > now and snap.n_blocks == i + 1:
                         snaps.append(snap)
-        own = self._convs.get(model, {}).get(conversation) if conversation else None
+        if tags is None:
+            return Lookup(slots=slots, snapshots=tuple(sorted(snaps, key=snapshot_order)))
+        own = self._convs.get(model, {}).get(tags.conversation) if tags.conversation else None
         if own is not None and own not in slots:  # it holds none of this chain: not this conversation
             own = None
-        return Lookup(slots=slots, snapshots=tuple(sorted(snaps, key=snapshot_order)), conversation=own)
+        held = self._heads.get(model, {}).get(tags.head) if tags.head else None
+        exact = frozenset(ref for ref in held if slots.get(ref) == tags.head_blocks) if held else frozenset()
+        return Lookup(slots=slots, snapshots=tuple(sorted(snaps, key=snapshot_order)), conversation=own,
+                      exact_head=exact)
 
     async def record_slot(
-        self, model: str, slot: SlotRef, blocks: Sequence[str], n_tokens: int, conversation: str | None = None
+        self, model: str, slot: SlotRef, blocks: Sequence[str], n_tokens: int, tags: PromptTags | None = None
     ) -> None:
         if not blocks:
             await self.forget_slot(model, slot)
@@ -155,16 +161,27 @@ class InMemoryPrefixIndex:
         deadline = self._clock() + self.slot_ttl_s
         if old is not None:
             self._untag(model, slot, old)
-        self._slots.setdefault(model, {})[slot] = _SlotEntry(chain, n_tokens, deadline, conversation)
-        if conversation:
-            self._convs.setdefault(model, {})[conversation] = slot
+        self._slots.setdefault(model, {})[slot] = _SlotEntry(chain, n_tokens, deadline, tags)
+        if tags is not None and tags.conversation:
+            self._convs.setdefault(model, {})[tags.conversation] = slot
+        if tags is not None and tags.head:
+            self._heads.setdefault(model, {}).setdefault(tags.head, set()).add(slot)
         self._pod_slots.setdefault(slot.pod_uid, set()).add((model, slot))
 
     def _untag(self, model: str, slot: SlotRef, entry: _SlotEntry) -> None:
-        """The slot no longer holds `entry`'s conversation (unless another slot took the tag since)."""
+        """The slot no longer holds `entry`'s head and conversation (a conversation's tag stays with the
+        slot that took it since)."""
+        tags = entry.tags
+        if tags is None:
+            return
         convs = self._convs.get(model)
-        if entry.conversation and convs is not None and convs.get(entry.conversation) == slot:
-            del convs[entry.conversation]
+        if tags.conversation and convs is not None and convs.get(tags.conversation) == slot:
+            del convs[tags.conversation]
+        holders = self._heads.get(model, {}).get(tags.head) if tags.head else None
+        if holders is not None and tags.head:
+            holders.discard(slot)
+            if not holders:
+                del self._heads[model][tags.head]
 
     def _drop_slot(self, model: str, slot: SlotRef) -> _SlotEntry | None:
         entry = self._slots.get(model, {}).pop(slot, None)

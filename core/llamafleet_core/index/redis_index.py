@@ -10,6 +10,7 @@ name cannot make two models share keys):
                       so that `record_slot` can drop the slot from blocks it no longer holds.
 - `P:M:conv:{tag}`    STRING slot key: the slot last recorded with this conversation tag, trusted only
                       while that slot's `conv` still is the tag.
+- `P:M:head:{tag}`    SET of the slot keys whose latest record had this head tag.
 - `P:M:snap:{hash}`   ZSET of snapshot ids whose LAST block is `hash`, scored by deadline.
 - `P:M:snaplast`      SET of the block hashes some snapshot ends at: one SMISMEMBER per lookup finds
                       which of the query's blocks end a snapshot.
@@ -46,7 +47,7 @@ from llamafleet_core.index.base import (
     snapshot_order,
 )
 from llamafleet_core.index.resp import LuaScript, RespClient, RespError
-from llamafleet_core.types import Lookup, SlotRef, SnapshotRef
+from llamafleet_core.types import Lookup, PromptTags, SlotRef, SnapshotRef
 
 T = TypeVar("T")
 DEFAULT_OP_TIMEOUT_S = 1.0
@@ -59,6 +60,7 @@ _PURGE_POD = LuaScript(redis_lua.PURGE_POD)
 _ACQUIRE_LEASE = LuaScript(redis_lua.ACQUIRE_LEASE)
 _RELEASE_LEASE = LuaScript(redis_lua.RELEASE_LEASE)
 _MAX_CACHED = 65_536  # parsed slot keys and snapshot payloads kept per index (a fleet has fewer)
+_NO_TAGS = PromptTags()
 _MAX_GROUPS = 4_096  # parsed reply groups kept per index (each up to a fleet's slots)
 
 
@@ -176,14 +178,15 @@ class RedisPrefixIndex(_RedisBase):
     def _pod_key(self, pod_uid: str) -> str:
         return f"{self._prefix}:pod:{quote(pod_uid, safe='')}"
 
-    async def lookup(self, model: str, blocks: Sequence[str], conversation: str | None = None) -> Lookup:
+    async def lookup(self, model: str, blocks: Sequence[str], tags: PromptTags | None = None) -> Lookup:
         if not blocks:
             return Lookup()
         width, *packed = _packed(blocks)
-        args = [self._base(model), width, conversation or "", *packed]
+        tags = tags or _NO_TAGS
+        args = [self._base(model), width, tags.conversation or "", tags.head or "", tags.head_blocks, *packed]
         raw = await self._call(lambda: self._client.run_script(_LOOKUP, (), args))
         slots: dict[SlotRef, int] = {}
-        for i in range(2, len(raw) - 1, 2):
+        for i in range(3, len(raw) - 1, 2):
             group = raw[i + 1]
             refs = self._groups.get(group) or self._group(group)
             slots.update(dict.fromkeys(refs, int(raw[i])))
@@ -191,7 +194,9 @@ class RedisPrefixIndex(_RedisBase):
         found = sorted((self._snapshot(s) for s in snaps.split("\n") if s), key=snapshot_order)
         key = _text(raw[1])
         own = (self._refs.get(key) or self._ref(key)) if key else None
-        return Lookup(slots=slots, snapshots=tuple(found), conversation=own if own in slots else None)
+        exact = frozenset(self._groups.get(raw[2]) or self._group(raw[2])) if raw[2] else frozenset()
+        return Lookup(slots=slots, snapshots=tuple(found), conversation=own if own in slots else None,
+                      exact_head=exact)
 
     def _group(self, raw: bytes) -> tuple[SlotRef, ...]:
         """The slots of one reply group, parsed once per distinct group: sessions sharing a prefix
@@ -220,11 +225,12 @@ class RedisPrefixIndex(_RedisBase):
         return snap
 
     async def record_slot(
-        self, model: str, slot: SlotRef, blocks: Sequence[str], n_tokens: int, conversation: str | None = None
+        self, model: str, slot: SlotRef, blocks: Sequence[str], n_tokens: int, tags: PromptTags | None = None
     ) -> None:
+        tags = tags or _NO_TAGS
         args: list[str | int] = [
             self._base(model), self._pod_key(slot.pod_uid), slot.key(), _ms(self.slot_ttl_s), n_tokens,
-            conversation or "", *_packed(blocks),
+            tags.conversation or "", tags.head or "", *_packed(blocks),
         ]
         await self._call(lambda: self._client.run_script(_RECORD_SLOT, (), args))
 

@@ -26,10 +26,15 @@ local function drop_snapshot(base, last, id)
   redis.call('ZREM', key, id)
   if redis.call('ZCARD', key) == 0 then redis.call('SREM', base .. 'snaplast', last) end
 end
--- A conversation tag's pointer goes only if it still names this slot (the conversation may have moved).
-local function untag(base, conv, member)
-  local key = base .. 'conv:' .. conv
-  if redis.call('GET', key) == member then redis.call('DEL', key) end
+-- The slot `skey` drops its tags unless it keeps them (`conv`, `head`: what it is recorded with now);
+-- a conversation's pointer goes only if it still names this slot (the conversation may have moved).
+local function untag(base, skey, member, conv, head)
+  local old = redis.call('HMGET', skey, 'conv', 'head')
+  if old[1] and old[1] ~= '' and old[1] ~= conv then
+    local key = base .. 'conv:' .. old[1]
+    if redis.call('GET', key) == member then redis.call('DEL', key) end
+  end
+  if old[2] and old[2] ~= '' and old[2] ~= head then redis.call('SREM', base .. 'head:' .. old[2], member) end
 end
 local function add_member(key, deadline, member, now, ttl)
   redis.call('ZADD', key, deadline, member)
@@ -38,29 +43,30 @@ local function add_member(key, deadline, member, now, ttl)
 end
 """
 
-# ARGV: base, pod set key, slot key, ttl ms, n_tokens, conversation tag ('' for none), width, then the
-# block hashes (one string of fixed-width hashes when width > 0, as in LOOKUP) -> number of blocks
-# recorded. The tag goes to the slot's hash and to `conv:{tag}` -> slot key; a record without it (or
-# with another) drops the old tag's pointer when it still names this slot.
+# ARGV: base, pod set key, slot key, ttl ms, n_tokens, conversation tag, head tag ('' for none), width,
+# then the block hashes (one string of fixed-width hashes when width > 0, as in LOOKUP) -> number of
+# blocks recorded. The tags go to the slot's hash, `conv:{tag}` -> slot key and the set `head:{tag}`;
+# a record without them (or with others) drops the old ones (a conversation's pointer only while it
+# still names this slot).
 # A slot re-recorded within the first tenth of its TTL (a session's next turn: the same prefix plus a
 # new tail) only adds its new blocks: refreshing all 240 block sets cost ~4 commands each. The slot's
 # stored `deadline` stays the EARLIEST deadline of its blocks, so the next record after that tenth
 # refreshes everything and no block outlives its slot or expires under a live one.
 RECORD_SLOT = _PRELUDE + """
 local base, podkey, member, ttl, ntok = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
-local conv, width = ARGV[6], tonumber(ARGV[7])
+local conv, head, width = ARGV[6], ARGV[7], tonumber(ARGV[8])
 local now = now_ms()
 local deadline = now + ttl
 local skey = base .. 'slot:' .. member
 local new, chain = {}, {}
 if width > 0 then
-  local blob = ARGV[8]
+  local blob = ARGV[9]
   for i = 1, math.floor(#blob / width) do chain[i] = string.sub(blob, (i - 1) * width + 1, i * width) end
 else
-  for i = 8, #ARGV do chain[#chain + 1] = ARGV[i] end
+  for i = 9, #ARGV do chain[#chain + 1] = ARGV[i] end
 end
-local oldconv = redis.call('HGET', skey, 'conv')
-if oldconv and oldconv ~= '' and (oldconv ~= conv or #chain == 0) then untag(base, oldconv, member) end
+if #chain == 0 then conv, head = '', '' end
+untag(base, skey, member, conv, head)
 for _, h in ipairs(chain) do new[h] = true end
 local old = redis.call('HGET', skey, 'blocks')
 local held, stored = {}, deadline
@@ -82,18 +88,24 @@ end
 for _, h in ipairs(chain) do
   if not held[h] then add_member(base .. 'b:' .. h, deadline, member, now, ttl) end
 end
-redis.call('HSET', skey, 'blocks', cjson.encode(chain), 'n_tokens', ntok, 'deadline', stored, 'conv', conv)
+redis.call('HSET', skey, 'blocks', cjson.encode(chain), 'n_tokens', ntok, 'deadline', stored, 'conv', conv,
+           'head', head)
 redis.call('PEXPIRE', skey, ttl)
 if conv ~= '' then redis.call('SET', base .. 'conv:' .. conv, member, 'PX', ttl) end
+if head ~= '' then
+  redis.call('SADD', base .. 'head:' .. head, member)
+  extend(base .. 'head:' .. head, ttl)
+end
 redis.call('SADD', podkey, podentry)
 extend(podkey, ttl)
 return #chain
 """
 
-# ARGV: base, width, conversation tag ('' for none), then the block hashes: when width > 0, ONE string
-# of fixed-width hashes (the common case: packing 240 separate arguments cost the client more than the
-# whole script costs Redis), else one argument per hash.
-#   -> {"snapshot json\n...", "slotkey of the tag's slot, or empty", run, "slotkey\n...", run, ...}
+# ARGV: base, width, conversation tag, head tag ('' for none), head blocks, then the block hashes: when
+# width > 0, ONE string of fixed-width hashes (the common case: packing 240 separate arguments cost the
+# client more than the whole script costs Redis), else one argument per hash.
+#   -> {"snapshot json\n...", "slotkey of the conversation's slot, or empty",
+#       "slotkey\n..." of the run-`head blocks` slots holding the head exactly, run, "slotkey\n...", ...}
 # Slots. Chained hashes make membership monotone: a slot in block i's set is in the sets of blocks
 # 0..i, so c(i), the number of live members of block i's set, never grows with i, and a slot's run ends
 # where it leaves the sets. Find the D drop points of c with a binary search of ZCOUNTs (O(D log n)),
@@ -104,13 +116,13 @@ return #chain
 # so a group that a whole set makes up is joined in C (`table.concat`), not member by member in Lua.
 # Snapshots: one SMISMEMBER finds which query blocks end some snapshot; only those are read.
 LOOKUP = _PRELUDE + """
-local base, width, conv = ARGV[1], tonumber(ARGV[2]), ARGV[3]
+local base, width, conv, head, hb = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4], tonumber(ARGV[5])
 local q = {}
 if width > 0 then
-  local blob = ARGV[4]
+  local blob = ARGV[6]
   for i = 1, math.floor(#blob / width) do q[i] = string.sub(blob, (i - 1) * width + 1, i * width) end
 else
-  for i = 4, #ARGV do q[#q + 1] = ARGV[i] end
+  for i = 6, #ARGV do q[#q + 1] = ARGV[i] end
 end
 local n = #q
 local now = now_ms()
@@ -118,11 +130,19 @@ local lo = '(' .. now
 local function bkey(i) return base .. 'b:' .. q[i] end
 local function count(i) return redis.call('ZCOUNT', bkey(i), lo, '+inf') end
 local function live(i) return redis.call('ZRANGEBYSCORE', bkey(i), lo, '+inf') end
-local groups = {}
+local groups, exact = {}, {}
 local function group(run, members)
   if #members > 0 then
     groups[#groups + 1] = run
     groups[#groups + 1] = table.concat(members, '\\n')
+    -- Slots parting from the query exactly where the head's whole blocks end: which hold the head?
+    if run == hb and head ~= '' then
+      for at = 1, #members, 1000 do  -- unpack has a stack limit
+        local part = {unpack(members, at, math.min(at + 999, #members))}
+        local flags = redis.call('SMISMEMBER', base .. 'head:' .. head, unpack(part))
+        for i, m in ipairs(part) do if flags[i] == 1 then exact[#exact + 1] = m end end
+      end
+    end
   end
 end
 local c1 = n >= 1 and count(1) or 0
@@ -196,8 +216,8 @@ if conv ~= '' then
   if m and redis.call('HGET', base .. 'slot:' .. m, 'conv') == conv then own = m end
 end
 -- A few bulk strings rather than hundreds of array items: the client parses them far faster.
-local reply = {table.concat(snaps, '\\n'), own}
-for i = 1, #groups do reply[i + 2] = groups[i] end
+local reply = {table.concat(snaps, '\\n'), own, table.concat(exact, '\\n')}
+for i = 1, #groups do reply[i + 3] = groups[i] end
 return reply
 """
 
@@ -262,8 +282,7 @@ for _, e in ipairs(redis.call('SMEMBERS', podkey)) do
   if kind == 's' then
     local skey = base .. 'slot:' .. id
     local blocks = redis.call('HGET', skey, 'blocks')
-    local conv = redis.call('HGET', skey, 'conv')
-    if conv and conv ~= '' then untag(base, conv, id) end
+    untag(base, skey, id, '', '')
     if blocks then
       for _, h in ipairs(cjson.decode(blocks)) do redis.call('ZREM', base .. 'b:' .. h, id) end
       if tonumber(redis.call('HGET', skey, 'deadline')) > now then removed = removed + 1 end

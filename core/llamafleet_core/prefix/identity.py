@@ -31,6 +31,7 @@ from typing import Any, Literal
 
 from llamafleet_core.prefix.hashing import BLOCK_CHARS, block_chain, extend_chain, prefix_tag
 from llamafleet_core.prefix.template import ChatTemplate, PromptError, canonical_render, render_chat
+from llamafleet_core.types import PromptTags
 
 RenderedBy = Literal["template", "fallback", "raw"]
 _SPECIAL = re.compile(r"<\|[^\s<>|]{1,64}\|>")
@@ -51,14 +52,20 @@ class PromptIdentity:
     # shares). Equal to `session_prefix_chars` for a first turn; shorter once a conversation has history,
     # whose own prefix (history included) no other session will send. None: same as the session prefix.
     shared_prefix_chars: int | None = None
-    # Exact identity of the text up to the end of the first user message (`first_message_end`): equal
-    # for every turn of one conversation, different for another session of the same agent; the index
-    # tags a slot with it, so a later turn finds the slot holding its conversation. None when unknown.
-    conversation: str | None = None
+    # Exact identities (`prefix_tag`) of the text before the first user message (`shared_chars`) and of
+    # the text through its end (`first_message_end`): the index tags a slot with them (`tags`), so a
+    # lookup can tell a slot holding this very head, or this very conversation, from one that parts
+    # from it inside a block. None when unknown.
+    head_tag: str | None = None
+    conversation_tag: str | None = None
 
     @property
     def shared_chars(self) -> int:
         return self.session_prefix_chars if self.shared_prefix_chars is None else self.shared_prefix_chars
+
+    @property
+    def tags(self) -> PromptTags:
+        return PromptTags(self.head_tag, self.shared_chars // self.block_chars, self.conversation_tag)
 
     @property
     def session_blocks(self) -> tuple[str, ...]:
@@ -196,14 +203,16 @@ def chat_identity(
         if block_chars <= 0:
             raise ValueError("block_chars must be positive")
         blocks = _chain(rendered.text, cut, basis, template, model, block_chars)
-        conversation = None
-        if rendered.path == "template" and first >= 0:
-            end = first_message_end(rendered.text, shared, markers)
+        head = conversation = None
+        if first >= 0:
+            head = prefix_tag(blocks, rendered.text, shared, seed=model, block_chars=block_chars)
+            end = first_message_end(rendered.text, shared, markers) if rendered.path == "template" else 0
             if end:
                 conversation = prefix_tag(blocks, rendered.text, end, seed=model, block_chars=block_chars)
     except (ValueError, TypeError, RecursionError) as exc:  # e.g. block_chars <= 0, unencodable seed
         raise PromptError(str(exc)) from exc
-    return PromptIdentity(model, rendered.text, blocks, block_chars, cut, rendered.path, shared, conversation)
+    return PromptIdentity(model, rendered.text, blocks, block_chars, cut, rendered.path, shared, head,
+                          conversation)
 
 
 def first_message_end(text: str, start: int, markers: Sequence[str] | None = None) -> int:

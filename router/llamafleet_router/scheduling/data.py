@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
-from llamafleet_core.types import Action, Endpoint, Lookup, SlotRef, SnapshotRef
+from llamafleet_core.types import Action, Endpoint, Lookup, PromptTags, SlotRef, SnapshotRef
 
 T = TypeVar("T")
 
@@ -56,7 +56,7 @@ class PromptLike(Protocol):
 class PrefixIndexLike(Protocol):
     """The read side of `llamafleet_core.index.base.PrefixIndex`; raises when the index is unavailable."""
 
-    async def lookup(self, model: str, blocks: tuple[str, ...], conversation: str | None = None, /) -> Lookup:
+    async def lookup(self, model: str, blocks: tuple[str, ...], tags: PromptTags | None = None, /) -> Lookup:
         ...
 
 

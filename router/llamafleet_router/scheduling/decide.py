@@ -54,6 +54,7 @@ from llamafleet_core.types import Action, Endpoint, Lookup, SnapshotRef
 from llamafleet_router.scheduling.framework import PromptLike
 from llamafleet_router.scheduling.lookup_view import (
     held_blocks,
+    held_chars,
     pod_best_blocks,
     restorable_snapshots,
     resumable,
@@ -197,10 +198,11 @@ def usable_snapshots(
 
 def best_restore(
     prompt: PromptLike, endpoint: Endpoint, held: int, usable: list[tuple[SnapshotRef, bool]],
-    costs: ActionCosts, others: int = 0,
+    costs: ActionCosts, others: int = 0, held_chars: int | None = None,
 ) -> SnapshotRef | None:
     """Of the `usable_snapshots`, the one after whose restore the prompt is ready soonest, if that beats
-    computing from the `held` blocks the slot gives; None otherwise.
+    computing from what the slot gives (`held_chars`, `lookup_view.held_chars`; the `held` blocks when
+    not given); None otherwise.
 
     `others`: requests in flight on the pod besides this one. llama-server computes a prompt in the
     same batches as their next tokens, so every second of prefill delays each of them by about as
@@ -209,10 +211,13 @@ def best_restore(
     merely ties on time alone, and the pod computes fewer tokens (the 50-session mixed workload: ~40
     tokens of a head computed again for each session landing on a slot of another workspace's head).
 
-    Only snapshots covering more than `held` are weighed: a slot holding more than any snapshot (a
-    conversation's own slot) is used as it is, even where its new turn runs at the small-batch rate,
-    since restoring an earlier point would compute the turns in between again (on the mixed workload
-    that rule cost ~10% more prefill tokens for no measured gain in time to first token)."""
+    Only snapshots covering more than the slot gives are weighed, in characters: a snapshot of the head
+    ends inside a block, and a slot holding the same whole blocks may part from the head inside the
+    last one (a session of another day: its date line), so the snapshot still adds the head's last
+    lines there. A slot holding more than any snapshot (a conversation's own slot) is used as it is,
+    even where its new turn runs at the small-batch rate, since restoring an earlier point would
+    compute the turns in between again (on the mixed workload that rule cost ~10% more prefill tokens
+    for no measured gain in time to first token)."""
     best: SnapshotRef | None = None
     total = len(prompt.blocks)
     block_chars = prompt.block_chars
@@ -224,14 +229,13 @@ def best_restore(
         start = min(chars, n_chars) / costs.chars_per_token  # and the delay that is to the others
         return (1 + others) * sum(prefill_seconds(n, costs, context=end) for n in batches(start, end, cuts))
 
-    best_time = after(held * block_chars)
+    from_chars = held * block_chars if held_chars is None else held_chars
+    best_time = after(from_chars)
     for snap, remote in usable:
-        if min(snap.n_blocks, total) <= held:
-            continue
         # The snapshot's exact text past its last whole block counts: of two snapshots ending in the
         # same block, the longer leaves less to compute (the session prefix beats a stage just before).
-        covered = covered_chars(snap, block_chars)
-        if covered <= 0:
+        covered = min(covered_chars(snap, block_chars), n_chars) if snap.n_blocks <= total else 0
+        if covered <= from_chars:
             continue
         stall = others * snap.size_bytes / costs.restore_bytes_per_s  # while the server loads the file
         seconds = restore_seconds(snap, remote, costs) + stall + after(covered)
@@ -285,8 +289,9 @@ def choose_action(
     if costs.restore_enabled and lookup.snapshots:
         # Checking that the prompt extends a snapshot hashes up to the whole prompt: once per decision.
         usable = list(usable_snapshots(prompt, endpoint, lookup))
-        snap = best_restore(prompt, endpoint, held, usable, costs, others)
-        used = covered_chars(snap, prompt.block_chars) if snap is not None else held * prompt.block_chars
+        chars = held_chars(lookup, endpoint, slot, prompt, held)
+        snap = best_restore(prompt, endpoint, held, usable, costs, others, chars)
+        used = covered_chars(snap, prompt.block_chars) if snap is not None else chars
         wanted = wanted_here(prompt, usable, used)
         if snap is not None:
             return ActionChoice(Action.RESTORE, snap, min(snap.n_blocks, total), "restore", wanted)

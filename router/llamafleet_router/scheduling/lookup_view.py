@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from llamafleet_core.types import Endpoint, Lookup, SlotRef, SnapshotRef
+from llamafleet_core.types import Endpoint, Lookup, PromptTags, SlotRef, SnapshotRef
 from llamafleet_router.scheduling.framework import PromptLike
 
 # Where llama-server leaves a context checkpoint near the end of each prompt it processes: n_ubatch + 4
@@ -49,8 +49,32 @@ def held_blocks(lookup: Lookup, endpoint: Endpoint, slot: int, prompt: PromptLik
             else slot_blocks(lookup, endpoint.pod.uid, slot))
     if prompt is None:
         return held
-    own = lookup.conversation is not None and lookup.conversation == SlotRef(endpoint.pod.uid, slot)
-    return resumable(held, endpoint, prompt, own=own)
+    ref = SlotRef(endpoint.pod.uid, slot)
+    return resumable(held, endpoint, prompt, own=lookup.conversation == ref or ref in lookup.exact_head)
+
+
+def held_chars(lookup: Lookup, endpoint: Endpoint, slot: int, prompt: PromptLike, held: int) -> int:
+    """What a request pinned to this slot reuses, in characters of its prompt, given the `held` blocks
+    it resumes from: those blocks, or the whole head when the index says the slot holds exactly this
+    head (`Lookup.exact_head`) and the blocks end where the head's whole blocks do. Only then does a
+    snapshot of the head add nothing to the slot; without the tag the slot may part from the head
+    inside its last block (another day's date line), and restoring the head may beat computing it."""
+    chars = held * prompt.block_chars
+    shared = getattr(prompt, "shared_chars", None)
+    if isinstance(shared, int) and shared > chars and held == shared // prompt.block_chars and \
+            SlotRef(endpoint.pod.uid, slot) in lookup.exact_head:
+        return shared
+    return chars
+
+
+def snapshot_tags(prompt: PromptLike, snap: SnapshotRef) -> PromptTags | None:
+    """The tags of a slot holding exactly `snap`, a prefix of `prompt`: the head's when the snapshot ends
+    where the prompt's head does; none otherwise (a conversation's needs its first question)."""
+    tags = getattr(prompt, "tags", None)
+    if isinstance(tags, PromptTags) and tags.head and snap.n_chars and \
+            snap.n_chars == getattr(prompt, "shared_chars", None):
+        return PromptTags(head=tags.head, head_blocks=tags.head_blocks)
+    return None
 
 
 def resumable(held: int, endpoint: Endpoint, prompt: PromptLike, *, own: bool = False) -> int:
@@ -69,10 +93,10 @@ def resumable(held: int, endpoint: Endpoint, prompt: PromptLike, *, own: bool = 
     whole head from one that diverges inside its last, partial block (a date line just before the user
     message). Counting such matches whole was tried: the mixed workload computed 5.3x its minimum.
 
-    `own`: the index says this slot's latest prompt was this very conversation's (`Lookup.conversation`:
-    the same head and first question, exactly), so it holds the head whole followed by this
-    conversation, with a checkpoint at least where its first question starts: the match counts whole.
-    Without that tag, a conversation whose turn ended inside the head's last block looked like any
+    `own`: the index says this slot holds this very head exactly (`Lookup.exact_head`), or this very
+    conversation (`Lookup.conversation`: the same head and first question), so it has a checkpoint at
+    least where its first question starts, which is where the head ends: the match counts whole.
+    Without those tags, a conversation whose turn ended inside the head's last block looked like any
     other session there, and its next turn restored the head and computed its history again.
     """
     if endpoint.resume_anywhere or held <= 0 or own:

@@ -28,9 +28,11 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
+from llamafleet_core.index.base import PrefixIndex
 from llamafleet_core.types import SnapshotRef
 from llamafleet_router.background import TaskSet
 from llamafleet_router.scheduling.framework import Decision, SchedRequest
+from llamafleet_router.scheduling.lookup_view import snapshot_tags
 from llamafleet_router.snapshots.base import SnapshotConfig, SnapshotMetrics
 from llamafleet_router.snapshots.first_sight import Prompt, StagedPrefill, StageFlights, StageKeys
 from llamafleet_router.snapshots.restore import Restored, RestoreExecutor
@@ -75,9 +77,10 @@ class DetachedBuilds:
     def __init__(
         self, *, config: SnapshotConfig, metrics: SnapshotMetrics, tasks: TaskSet, restorer: RestoreExecutor,
         staged: StagedPrefill, stage_flights: StageFlights, remember: Callable[[FlightKey], None],
-        finish: Callable[[FlightKey, StageKeys, SnapshotRef | None], None],
+        finish: Callable[[FlightKey, StageKeys, SnapshotRef | None], None], index: PrefixIndex,
     ) -> None:
         self.config = config
+        self._index = index
         self.metrics = metrics
         self._tasks = tasks
         self._restorer = restorer
@@ -123,11 +126,13 @@ class DetachedBuilds:
         slot, release = borrowed
         ref: SnapshotRef | None = None
         stages: StageKeys = {}
+        touched = False
         try:
             with contextlib.suppress(TimeoutError):
                 limit = min(self.config.first_sight_wait_s, _DETACHED_START_S)
                 await asyncio.wait_for(answering.wait(), limit)
             started = time.perf_counter()
+            touched = True
             outcome = await self._restorer.restore(req.model, req.prompt.blocks, slot.endpoint, slot.slot,
                                                    stage, agents)
             if isinstance(outcome, Restored):
@@ -144,4 +149,19 @@ class DetachedBuilds:
             self._answering.pop(req.request_id, None)
             self._detached.discard(key)
             self._finish(key, stages, ref)
+            if touched:  # before the slot is given back: the next request must see what it holds
+                await self._record(req, slot, ref)
             await give_back(release)
+
+    async def _record(self, req: SchedRequest, slot: Decision, built: SnapshotRef | None) -> None:
+        """What the borrowed slot holds now: the built prefix, or nothing known (a failed build). Left
+        as it was, the index would still name the slot's previous content, tags included, and a
+        conversation's next turn would be sent to a slot that no longer holds it."""
+        try:
+            if built is None:
+                await self._index.forget_slot(req.model, slot.slot_ref)
+            else:
+                await self._index.record_slot(req.model, slot.slot_ref, req.prompt.blocks[: built.n_blocks],
+                                              built.n_tokens, snapshot_tags(req.prompt, built))
+        except Exception as exc:  # the index is a hint; the server's cache_n corrects it later
+            log.info("recording a borrowed slot failed", extra={"error": str(exc)})

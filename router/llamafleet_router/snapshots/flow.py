@@ -73,7 +73,7 @@ class SnapshotFlow:
         self.borrow: BorrowSlot | None = None
         self._detached = DetachedBuilds(
             config=config, metrics=metrics, tasks=tasks, restorer=self.restorer, staged=self.staged,
-            stage_flights=self.stage_flights, remember=self._remember, finish=self._finish)
+            stage_flights=self.stage_flights, remember=self._remember, finish=self._finish, index=index)
 
     async def prepare(self, req: SchedRequest, decision: Decision, pods: Sequence[PodStatus]) -> Decision:
         try:

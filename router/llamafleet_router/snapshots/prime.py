@@ -46,6 +46,7 @@ from llamafleet_core.types import Action, SlotRef, SnapshotRef
 from llamafleet_router.background import TaskSet
 from llamafleet_router.discovery.base import PodStatus
 from llamafleet_router.scheduling.framework import Decision, SchedRequest
+from llamafleet_router.scheduling.lookup_view import snapshot_tags
 from llamafleet_router.snapshots.base import SnapshotMetrics
 from llamafleet_router.snapshots.detached import BorrowSlot, give_back
 from llamafleet_router.snapshots.restore import Restored, RestoreExecutor
@@ -203,7 +204,8 @@ class Primer:
         self.slots.mark(ref, outcome.snapshot, state)
         try:
             blocks = req.prompt.blocks[: snap.n_blocks]
-            await self._index.record_slot(req.model, ref, blocks, outcome.n_tokens)
+            tags = snapshot_tags(req.prompt, snap)
+            await self._index.record_slot(req.model, ref, blocks, outcome.n_tokens, tags)
         except Exception as exc:  # the primed mark still lets this replica use it
             log.info("recording a primed slot failed", extra={"error": str(exc)})
         self._metrics.primes.labels("loaded").inc()

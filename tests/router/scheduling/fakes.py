@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from llamafleet_core.types import Endpoint, Lookup, PodRef, SlotRef, SnapshotRef
+from llamafleet_core.types import Endpoint, Lookup, PodRef, PromptTags, SlotRef, SnapshotRef
 from llamafleet_router.scheduling.framework import EndpointState, SchedRequest
 
 MODEL = "tiny"
@@ -27,6 +27,7 @@ class FakePrompt:
     session_prefix_chars: int = 0
     shared_chars: int = 0
     rendered_by: str = "template"  # a chat request: the server ends a batch where its last user turn starts
+    tags: PromptTags | None = None
 
     @property
     def session_blocks(self) -> tuple[str, ...]:
@@ -120,7 +121,7 @@ class FakeIndex:
     delay_s: float = 0.0
     calls: list[tuple[str, tuple[str, ...]]] = field(default_factory=list)
 
-    async def lookup(self, model: str, blocks: tuple[str, ...], conversation: str | None = None) -> Lookup:
+    async def lookup(self, model: str, blocks: tuple[str, ...], tags: PromptTags | None = None) -> Lookup:
         self.calls.append((model, blocks))
         if self.delay_s:
             await asyncio.sleep(self.delay_s)

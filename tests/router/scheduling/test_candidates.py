@@ -8,9 +8,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from llamafleet_core.types import Action, Lookup
-from llamafleet_router.scheduling.candidates import candidates, slot_groups, with_spares
+from llamafleet_router.scheduling.candidates import candidates, restore_targets, slot_groups, with_spares
 from llamafleet_router.scheduling.config import default_config
 from llamafleet_router.scheduling.framework import (
+    LOOKUP,
     RESTORE_ENABLED,
     Candidate,
     CycleState,
@@ -37,7 +38,8 @@ def test_schedule_picks_what_scoring_every_idle_slot_picks(
     fleet: list[EndpointState], lookup: Lookup, down: bool, n_blocks: int, last: tuple[str, int] | None
 ) -> None:
     """Whatever the index says, whether it is up, and wherever the session last ran, the decision's
-    slot is the top of ranking EVERY idle slot with the same scorers and picker."""
+    slot is the top of ranking EVERY idle slot with the same scorers and picker (or, for a restore,
+    its pod's idle slot released longest ago: `candidates.restore_targets`)."""
     sched = Scheduler(CONFIG, index=FakeIndex(lookup, down=down), leases=FakeLeases(), holder_prefix="r")
     req = request(n_blocks=n_blocks, session_blocks=n_blocks // 2, session_id="s")
     if last is not None:  # the session's previous turn, as session affinity learnt it
@@ -55,7 +57,13 @@ def test_schedule_picks_what_scoring_every_idle_slot_picks(
     every = [Candidate(s, n) for s in survivors for n in s.idle_slots]
     top = sched.rank(req, cs, every)[0].candidate  # before schedule() teaches session affinity
     decision = asyncio.run(sched.schedule(req, fleet))
-    assert (decision.endpoint.pod.uid, decision.slot) == (top.key.pod_uid, top.slot)
+    assert decision.endpoint.pod.uid == top.key.pod_uid
+    if decision.action is Action.RESTORE and decision.slot != top.slot:  # moved to an older idle slot
+        assert decision.snapshot is not None
+        older = restore_targets(top.state, top.slot, cs.read(LOOKUP, Lookup()), decision.snapshot.n_blocks)
+        assert decision.slot == older[0]
+    else:
+        assert decision.slot == top.slot
 
 
 def test_one_candidate_per_run_length_and_one_for_the_rest_when_many_slots_match() -> None:

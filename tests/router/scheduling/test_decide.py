@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from llamafleet_core.types import Action, Endpoint, Lookup, SnapshotRef
+import dataclasses
+
+from llamafleet_core.types import Action, Endpoint, Lookup, PromptTags, SnapshotRef
 from llamafleet_router.scheduling.decide import (
     ActionCosts,
     batches,
@@ -11,6 +13,7 @@ from llamafleet_router.scheduling.decide import (
     restore_seconds,
     server_cuts,
 )
+from llamafleet_router.scheduling.lookup_view import snapshot_tags
 
 from .fakes import MODEL, FakePrompt, chain, endpoint, request, slot, snapshot
 
@@ -142,6 +145,39 @@ def test_hybrid_slot_short_of_its_checkpoint_gap_counts_nothing_and_computes() -
     lookup = Lookup(slots={slot("b", 1): 5})
     choice = choose_action(prompt, endpoint("b", resume_anywhere=False), 1, lookup, ActionCosts())
     assert (choice.action, choice.predicted_blocks, choice.branch) == (Action.COMPUTE, 0, "cold")
+
+
+def test_a_head_snapshot_adds_its_last_lines_unless_the_index_says_the_slot_holds_the_head() -> None:
+    """The head ends 100 characters into block 31. A slot holding its 30 whole blocks may part from it
+    inside that block (another day's date line), so the head's snapshot is weighed (and, cheap, wins);
+    a slot the index names as holding this head exactly gains nothing from it and is used directly."""
+    head = 30 * 256 + 100
+    prompt = FakePrompt(MODEL, chain("p", 40), session_prefix_chars=head, shared_chars=head)
+    snap = SnapshotRef(name="head", pod_uid="uid-b", n_blocks=30, n_tokens=head // 4, size_bytes=1_000,
+                       n_chars=head, text_hash="h-head")
+    costs = ActionCosts(restore_overhead_s=0.0)
+    parts = Lookup(slots={slot("b", 1): 30}, snapshots=(snap,))
+    choice = choose_action(prompt, endpoint("b"), 1, parts, costs)
+    assert (choice.action, choice.snapshot) == (Action.RESTORE, snap)
+    exact = Lookup(slots={slot("b", 1): 30}, snapshots=(snap,), exact_head=frozenset({slot("b", 1)}))
+    choice = choose_action(prompt, endpoint("b"), 1, exact, costs)
+    assert (choice.action, choice.branch, choice.snapshot) == (Action.DIRECT, "slot_hit", None)
+    hybrid = choose_action(prompt, endpoint("b", resume_anywhere=False), 1, exact, costs)
+    assert (hybrid.action, hybrid.predicted_blocks) == (Action.DIRECT, 30)  # the head-end checkpoint
+
+
+def test_a_slot_holding_a_snapshot_of_the_head_is_tagged_with_the_head_only() -> None:
+    """A primed or built slot holding the head's snapshot holds the head exactly; one holding a stage
+    before it, or a prompt without tags, gets no tags."""
+    head = 30 * 256 + 100
+    tags = PromptTags(head="h", head_blocks=30, conversation="c")
+    prompt = FakePrompt(MODEL, chain("p", 40), session_prefix_chars=head, shared_chars=head, tags=tags)
+    of_head = SnapshotRef("s", "uid-b", n_blocks=30, n_tokens=1, size_bytes=1, n_chars=head, text_hash="x")
+    assert snapshot_tags(prompt, of_head) == PromptTags(head="h", head_blocks=30)
+    stage = dataclasses.replace(of_head, n_chars=head - 50)
+    assert snapshot_tags(prompt, stage) is None
+    untagged = FakePrompt(MODEL, chain("p", 40), session_prefix_chars=head, shared_chars=head)
+    assert snapshot_tags(untagged, of_head) is None
 
 
 def _exact(name: str, on: str, n_chars: int) -> SnapshotRef:

@@ -11,6 +11,7 @@ from llamafleet_router.scheduling.framework import (
     CycleState,
     Decision,
     EndpointState,
+    SchedRequest,
 )
 from llamafleet_router.scheduling.plugins.scorers.degraded_hash import (
     DegradedHashParams,
@@ -29,7 +30,7 @@ from llamafleet_router.scheduling.plugins.scorers.snapshot_match import (
     SnapshotMatchScorer,
 )
 
-from .fakes import request, slot, snapshot, state
+from .fakes import MODEL, FakePrompt, chain, request, slot, snapshot, state
 
 
 def candidates(*states: EndpointState) -> list[Candidate]:
@@ -82,6 +83,32 @@ def test_prefix_match_counts_a_hybrid_slot_whole_when_it_holds_this_conversation
     scores = PrefixMatchScorer("pm").score(req, with_lookup(lookup), candidates(hybrid))
     assert scores[slot("a", 0)] == 21 / 40
     assert scores[slot("a", 1)] == 30 / 40
+
+
+def test_prefix_match_ranks_a_slot_holding_the_exact_head_above_one_that_may_part_inside_it() -> None:
+    """Same whole blocks; the index says slot 1 holds this head exactly: its score counts the head's
+    characters (and, on a hybrid pod, is not cut short by the checkpoint gap)."""
+    head = 30 * 256 + 100
+    prompt = FakePrompt(MODEL, chain("p", 40), session_prefix_chars=head, shared_chars=head)
+    req = SchedRequest("r", MODEL, prompt, None)
+    lookup = Lookup(slots={slot("a", 0): 30, slot("a", 1): 30}, exact_head=frozenset({slot("a", 1)}))
+    dense = PrefixMatchScorer("pm").score(req, with_lookup(lookup), candidates(state("a")))
+    assert dense[slot("a", 0)] == 30 / 40 and dense[slot("a", 1)] == head / (40 * 256)
+    hybrid_pod = candidates(state("a", resume_anywhere=False))
+    hybrid = PrefixMatchScorer("pm").score(req, with_lookup(lookup), hybrid_pod)
+    assert hybrid[slot("a", 0)] == 21 / 40 and hybrid[slot("a", 1)] == head / (40 * 256)
+
+
+def test_session_affinity_takes_the_indexs_conversation_slot_when_the_request_names_no_session() -> None:
+    """Without a session id, the conversation is the session: its last slot is the one the index tags
+    with the prompt's conversation, whichever replica served it."""
+    a, b = state("a"), state("b")
+    scorer = SessionAffinityScorer("sa", SessionAffinityParams())
+    cs = with_lookup(Lookup(slots={slot("b", 1): 5}, conversation=slot("b", 1)))
+    assert scorer.applies(request(), cs) and list(scorer.nominate(request(), cs)) == [slot("b", 1)]
+    scores = scorer.score(request(), cs, candidates(a, b))
+    assert scores[slot("b", 1)] == 1.0 and scores[slot("b", 0)] == 0.5 and scores[slot("a", 0)] == 0.0
+    assert not scorer.applies(request(), with_lookup(Lookup(slots={slot("b", 1): 5})))
 
 
 def test_prefix_match_is_zero_when_lookup_is_empty_or_prompt_has_no_blocks() -> None:

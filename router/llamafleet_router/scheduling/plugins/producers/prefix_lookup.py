@@ -64,7 +64,7 @@ class PrefixLookup:
             return
         try:
             async with asyncio.timeout(self.params.timeout_s):
-                found = await self._index.lookup(req.model, blocks, getattr(req.prompt, "conversation", None))
+                found = await self._index.lookup(req.model, blocks, getattr(req.prompt, "tags", None))
         except Exception as exc:  # the index is a hint: any failure means "degraded", never an error
             log.warning("prefix index unavailable (%s: %s); using the degraded hash", type(exc).__name__, exc)
             state.write(LOOKUP, Lookup())
@@ -85,6 +85,7 @@ def live_only(lookup: Lookup, live: set[str]) -> Lookup:
         slots={ref: n for ref, n in lookup.slots.items() if ref.pod_uid in live and n > 0},
         snapshots=tuple(s for s in lookup.snapshots if s.pod_uid in live),
         conversation=own if own is not None and own.pod_uid in live else None,
+        exact_head=frozenset(ref for ref in lookup.exact_head if ref.pod_uid in live),
     )
 
 

@@ -5,7 +5,9 @@ Parameters: none.
 Consumes: `lookup` (from `prefix-lookup`).
 Score: `held / total` where `total = len(prompt.blocks)` and `held` is the leading blocks this slot holds
 (on a --slot-attach build, what any slot of the pod holds, since the pod shares it), counted as
-`lookup_view.resumable` on pods whose model resumes only at checkpoints. 0 for an empty
+`lookup_view.resumable` on pods whose model resumes only at checkpoints; a slot the index says holds
+this head exactly (`Lookup.exact_head`) scores its head's characters, a little above a slot holding
+the same whole blocks that may part from the head inside its last one. 0 for an empty
 prompt or an empty lookup (index down: the degraded hash takes over); a `GatedScorer`, skipped then.
 
 A candidate on a pod where another (busy) slot holds more gets only its own slot's share here; the
@@ -27,7 +29,7 @@ from llamafleet_router.scheduling.framework import (
     PluginSpec,
     SchedRequest,
 )
-from llamafleet_router.scheduling.lookup_view import held_blocks, resumable
+from llamafleet_router.scheduling.lookup_view import held_blocks, held_chars, resumable
 
 
 class PrefixMatchScorer:
@@ -52,6 +54,7 @@ class PrefixMatchScorer:
         if total == 0 or not lookup.slots:
             return {c.key: 0.0 for c in candidates}
         slots = lookup.slots
+        exact_head, total_chars = lookup.exact_head, total * req.prompt.block_chars
         pod_best: dict[str, int] = {}  # --slot-attach pods: computed once per pod, not per candidate
         out: dict[SlotRef, float] = {}
         for c in candidates:
@@ -62,9 +65,13 @@ class PrefixMatchScorer:
                     held = pod_best[uid] = held_blocks(lookup, c.endpoint, c.slot)
             else:
                 held = slots.get(c.key, 0)  # held_blocks without building a SlotRef
+            exact = c.key in exact_head
             if not c.endpoint.resume_anywhere:
-                held = resumable(held, c.endpoint, req.prompt, own=c.key == lookup.conversation)
-            out[c.key] = min(held, total) / total
+                held = resumable(held, c.endpoint, req.prompt, own=exact or c.key == lookup.conversation)
+            score = min(held, total) / total
+            if exact:  # it holds the head's last, partial block too: above a slot that parts inside it
+                score = min(1.0, held_chars(lookup, c.endpoint, c.slot, req.prompt, held) / total_chars)
+            out[c.key] = score
         return out
 
 

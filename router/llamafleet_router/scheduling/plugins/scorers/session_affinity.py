@@ -4,11 +4,14 @@ Type: `session-affinity`
 Parameters:
   - `max_sessions` (int, default 100000): bound of the LRU map session_id -> (pod uid, slot).
   - `pod_score` (float in [0, 1], default 0.5): score of another slot on the session's last pod.
-Consumes: `SchedRequest.session_id`; its own map, updated by `on_decision` after every decision.
+Consumes: `SchedRequest.session_id`; its own map, updated by `on_decision` after every decision; and
+`lookup` (when a `prefix-lookup` runs): without a session id, the session is the conversation, and its
+last slot is the one the index tags with the prompt's conversation (`Lookup.conversation`, shared by
+every replica).
 Nominates the session's last slot, so the scheduler scores it even when the index does not name it,
 and is a `GatedScorer`: skipped for a request without a known session.
 Score: 1.0 for the slot that last served this session, `pod_score` for other slots of that pod, 0
-otherwise (and 0 everywhere without a session id).
+otherwise (and 0 everywhere without a session).
 
 It matters most when the index cannot help (Redis down, or a conversation's tail not yet recorded): the
 previous turn's slot holds the whole conversation so far. The map is per router replica and in memory;
@@ -23,8 +26,9 @@ from typing import Any, ClassVar
 
 from pydantic import Field
 
-from llamafleet_core.types import SlotRef
+from llamafleet_core.types import Lookup, SlotRef
 from llamafleet_router.scheduling.framework import (
+    LOOKUP,
     Candidate,
     CycleState,
     Decision,
@@ -33,6 +37,8 @@ from llamafleet_router.scheduling.framework import (
     PluginSpec,
     SchedRequest,
 )
+
+_NONE = Lookup()
 
 
 class SessionAffinityParams(PluginParams):
@@ -56,10 +62,15 @@ class SessionAffinityScorer:
         """Where this session last went (without refreshing its LRU position)."""
         return self._last.get(session_id)
 
+    def _session_slot(self, req: SchedRequest, state: CycleState) -> SlotRef | None:
+        if req.session_id is not None:
+            return self._last.get(req.session_id)
+        return state.read(LOOKUP, _NONE).conversation
+
     def score(
         self, req: SchedRequest, state: CycleState, candidates: Sequence[Candidate]
     ) -> dict[SlotRef, float]:
-        last = self._last.get(req.session_id) if req.session_id is not None else None
+        last = self._session_slot(req, state)
         if last is None:
             return {c.key: 0.0 for c in candidates}
         out: dict[SlotRef, float] = {}
@@ -73,11 +84,11 @@ class SessionAffinityScorer:
         return out
 
     def applies(self, req: SchedRequest, state: CycleState) -> bool:
-        return req.session_id is not None and req.session_id in self._last
+        return self._session_slot(req, state) is not None
 
     def nominate(self, req: SchedRequest, state: CycleState) -> Iterable[SlotRef]:
         """The session's last slot: it may hold the whole conversation without the index knowing."""
-        last = self._last.get(req.session_id) if req.session_id is not None else None
+        last = self._session_slot(req, state)
         return () if last is None else (last,)
 
     def on_decision(self, req: SchedRequest, decision: Decision) -> None:
