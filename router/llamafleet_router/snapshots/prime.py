@@ -204,7 +204,10 @@ class Primer:
         self.slots.mark(ref, outcome.snapshot, state)
         try:
             blocks = req.prompt.blocks[: snap.n_blocks]
-            tags = snapshot_tags(req.prompt, snap)
+            # A checkpointing pod's primed slot stays untagged: a session there then still takes the
+            # restore path, which skips the restore only once `/slots` shows the slot untouched (`slots`),
+            # a check that a slot hit would not make.
+            tags = snapshot_tags(req.prompt, snap) if decision.endpoint.resume_anywhere else None
             await self._index.record_slot(req.model, ref, blocks, outcome.n_tokens, tags)
         except Exception as exc:  # the primed mark still lets this replica use it
             log.info("recording a primed slot failed", extra={"error": str(exc)})
