@@ -22,7 +22,7 @@ from typing import Any, Protocol
 import httpx
 
 from llamafleet_agent import files
-from llamafleet_agent.files import SymlinkRefused, read_state_tokens, sha256_file
+from llamafleet_agent.files import Digests, SymlinkRefused, file_version, read_state_tokens, sha256_file
 from llamafleet_agent.metrics import AgentMetrics
 from llamafleet_agent.settings import AgentSettings
 from llamafleet_agent.store import Refused, SnapshotStore
@@ -69,6 +69,7 @@ class SnapshotService:
         self._token = token
         self._digest: asyncio.Future[str] | None = None
         self._server: tuple[str, int | None] | None = None  # (build_info, per-slot n_ctx)
+        self.digests = Digests()  # a restore re-reads a file only when it changed since it was hashed
         # Snapshots the pod's readiness requires (`required.py`): never evicted to make room.
         self.required: frozenset[str] = frozenset()
 
@@ -133,6 +134,7 @@ class SnapshotService:
                 raise Refused("tokens", "the slot holds other tokens than the request names")
             self._evict(size, name)
             os.replace(tmp, final)
+            self.digests.remember(final, file_version(final), sha, size)
         finally:
             tmp.unlink(missing_ok=True)
         manifest = SnapshotManifest(
@@ -167,7 +169,9 @@ class SnapshotService:
         tmp = self.store.temp_path("pull")
         try:
             await self._download(f"{base}/v1/snapshots/{name}/file", headers, tmp, remote)
-            os.replace(tmp, self.store.bin_path(name))
+            final = self.store.bin_path(name)
+            os.replace(tmp, final)
+            self.digests.remember(final, file_version(final), remote.sha256, remote.size)
         finally:
             tmp.unlink(missing_ok=True)
         manifest = remote.model_copy(update={"pinned": remote.pinned if pinned is None else pinned})
@@ -237,7 +241,7 @@ class SnapshotService:
                 raise Refused("context", f"{manifest.n_tokens} tokens exceed the slot context "
                                          f"{fingerprint.n_ctx_slot}")
             try:
-                sha, size = await sha256_file(path)
+                sha, size = await self.digests.sha256(path)
             except SymlinkRefused as exc:
                 raise Refused("symlink", f"snapshot file {name}.bin is a symlink") from exc
             except FileNotFoundError as exc:

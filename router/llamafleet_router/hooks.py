@@ -85,6 +85,11 @@ class AfterResponse:
         self._health = health
         self._block_chars = block_chars
         self._chars_per_token = chars_per_token
+        # Per slot, the request this router dispatched there last. The next request may take a slot
+        # before the previous one's `finished` runs (the slot is given up synchronously), and its record
+        # must not be overwritten by that late one: the index would name the previous prompt's head and
+        # conversation for a slot holding another, and the next turn would be sent there.
+        self._latest: dict[SlotRef, str] = {}
 
     @property
     def index(self) -> PrefixIndex:
@@ -108,6 +113,7 @@ class AfterResponse:
         if decision.slot == ANY_SLOT:
             return
         ref = SlotRef(decision.endpoint.pod.uid, decision.slot)
+        self._latest[ref] = req.request_id  # before any await: `finished` of the slot's previous request
         estimate = int(len(req.prompt.blocks) * self._block_chars / self._chars_per_token)
         try:
             await self._index.record_slot(req.model, ref, req.prompt.blocks, estimate, _tags(req.prompt))
@@ -124,13 +130,15 @@ class AfterResponse:
         outcome: Outcome,
         close: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
-        # Lease and index first: the client may already be sending its next turn. Closing the upstream
-        # response can wait for the relay to finish reading it.
-        await self.release(decision)
+        # Index, then lease, before anything else: the client may already be sending its next turn. The
+        # record goes first so that another replica, which can take the slot only once the lease is
+        # released, records after it. (This replica's next request took the slot locally already.)
+        # Closing the upstream response can wait for the relay to finish reading it.
         if outcome.status < 400 and outcome.stats is not None and outcome.stats.cache_n is not None:
             slot = decision.slot if decision.slot != ANY_SLOT else outcome.served_slot
-            await self._verify_and_record(req.model, req.prompt, decision, slot, outcome.stats)
+            await self._verify_and_record(req, decision, slot, outcome.stats)
             self._learn(req.prompt, decision, outcome.stats)
+        await self.release(decision)
         if close is not None:
             try:
                 await close()
@@ -147,8 +155,9 @@ class AfterResponse:
             self._metrics.show_speeds(endpoint.url, self._speeds.learned(endpoint.pod.uid))
 
     async def _verify_and_record(
-        self, model: str, prompt: PromptLike, decision: Decision, slot: int | None, stats: Stats
+        self, req: SchedRequest, decision: Decision, slot: int | None, stats: Stats
     ) -> None:
+        model, prompt = req.model, req.prompt
         cache_n = stats.cache_n or 0
         block_tokens = self._block_chars / self._chars_per_token
         predicted_tokens = decision.predicted_blocks * block_tokens
@@ -160,6 +169,9 @@ class AfterResponse:
         if slot is None or slot < 0:
             return
         ref = SlotRef(decision.endpoint.pod.uid, slot)
+        if self._latest.get(ref, req.request_id) != req.request_id:
+            return  # a later request of this router holds the slot now, and recorded it
+        self._latest.pop(ref, None)
         try:
             if verdict == "false_hit":
                 log.info("index predicted a hit the server did not see; entry dropped",

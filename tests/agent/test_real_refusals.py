@@ -54,6 +54,18 @@ async def test_restore_refused_when_a_byte_is_flipped(pod: Pod) -> None:
     await _refused(pod, "good", "checksum")
 
 
+async def test_restore_refused_when_a_byte_is_flipped_after_the_file_was_restored_once(pod: Pod) -> None:
+    """The agent remembers a file's checksum between restores, but not across a change to the file."""
+    await pod.agent.restore("good", slot=1)  # slot 0 must stay untouched for `_refused`
+    path = pod.dir / "good.bin"
+    st = path.stat()
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))  # even with its mtime set back
+    await _refused(pod, "good", "checksum")
+
+
 async def test_restore_refused_when_file_truncated(pod: Pod) -> None:
     path = pod.dir / "good.bin"
     os.truncate(path, path.stat().st_size - 100)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import json
+import os
 import struct
 from pathlib import Path
 
@@ -105,3 +108,38 @@ def test_listing_skips_symlinked_manifest_and_temps_cleaned(tmp_path: Path) -> N
     (tmp_path / ".pull-abc.bin").write_bytes(b"partial")
     assert [x.name for x in store.list_all()] == ["real"]
     assert store.cleanup_temps() == 1 and not (tmp_path / ".pull-abc.bin").exists()
+
+
+async def test_digests_hash_a_file_once_per_version_and_again_after_any_change(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A restore's checksum comes from memory while the file is unchanged; a byte flipped in place,
+    even with its mtime set back, makes it read again (ctime moves), so corruption is still caught."""
+    reads: list[Path] = []
+    real = files.sha256_file
+
+    async def counting(path: Path) -> tuple[str, int]:
+        reads.append(path)
+        return await real(path)
+
+    monkeypatch.setattr(files, "sha256_file", counting)
+    path = tmp_path / "s.bin"
+    path.write_bytes(b"x" * 1000)
+    digests = files.Digests()
+    first = await digests.sha256(path)
+    assert first == (hashlib.sha256(b"x" * 1000).hexdigest(), 1000)
+    assert await digests.sha256(path) == first and len(reads) == 1
+    st = path.stat()
+    await asyncio.sleep(0.01)  # a coarse clock must still see the change's ctime move
+    path.write_bytes(b"y" + b"x" * 999)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (await digests.sha256(path))[0] == hashlib.sha256(b"y" + b"x" * 999).hexdigest()
+    assert len(reads) == 2
+    digests.remember(path, files.file_version(path), "known", 1000)  # the agent wrote and hashed it
+    assert await digests.sha256(path) == ("known", 1000) and len(reads) == 2
+    link = tmp_path / "link.bin"
+    link.symlink_to(path)
+    with pytest.raises(files.SymlinkRefused):
+        await digests.sha256(link)
+    with pytest.raises(FileNotFoundError):
+        await digests.sha256(tmp_path / "missing.bin")

@@ -167,10 +167,7 @@ class Scheduler:
         return decision
 
     def rank(
-        self,
-        req: SchedRequest,
-        state: CycleState,
-        candidates: Sequence[Candidate],
+        self, req: SchedRequest, state: CycleState, candidates: Sequence[Candidate],
         endpoints: Sequence[EndpointState] | None = None,
     ) -> list[ScoredCandidate]:
         """Weighted scores of `candidates` (slots of `endpoints`, derived when not given), ranked best
@@ -205,11 +202,7 @@ class Scheduler:
         return ranked
 
     async def _lease_best(
-        self,
-        req: SchedRequest,
-        state: CycleState,
-        ranked: Sequence[ScoredCandidate],
-        named: Groups,
+        self, req: SchedRequest, state: CycleState, ranked: Sequence[ScoredCandidate], named: Groups
     ) -> Decision | None:
         holder = f"{self._holder_prefix}:{req.request_id}"
         attempts = self.config.leases.max_attempts
@@ -271,17 +264,11 @@ class Scheduler:
         choice = choose_action(req.prompt, c.endpoint, c.slot, state.read(LOOKUP, Lookup()), costs,
                                others=c.state.in_flight)
         branch = "session_affinity" if choice.branch == "cold" and affinity else choice.branch
-        return Decision(
-            c.endpoint, c.slot, choice.action, choice.snapshot, choice.predicted_blocks, branch, holder,
-            wanted=choice.wanted,
-        )
+        return Decision(c.endpoint, c.slot, choice.action, choice.snapshot, choice.predicted_blocks, branch,
+                        holder, wanted=choice.wanted)
 
     def _queued(
-        self,
-        req: SchedRequest,
-        state: CycleState,
-        survivors: Sequence[EndpointState],
-        named: Groups,
+        self, req: SchedRequest, state: CycleState, survivors: Sequence[EndpointState], named: Groups
     ) -> Decision:
         every = candidates(survivors, named, idle_only=False)
         ranked = self.rank(req, state, every, [s for s in survivors if s.endpoint.n_slots > 0])
@@ -291,9 +278,8 @@ class Scheduler:
         endpoint = top.candidate.endpoint
         best = pod_best_slot(state.read(LOOKUP, Lookup()), endpoint.pod.uid, endpoint.n_slots)
         if best is not None:
-            return Decision(
-                endpoint, best[0], Action.DIRECT, None, min(best[1], len(req.prompt.blocks)), "queued"
-            )
+            held = min(best[1], len(req.prompt.blocks))
+            return Decision(endpoint, best[0], Action.DIRECT, None, held, "queued")
         slot = top.candidate.slot if self._is_session_slot(top) else ANY_SLOT
         return Decision(endpoint, slot, Action.DIRECT, None, 0, "queued")
 

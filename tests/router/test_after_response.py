@@ -1,0 +1,62 @@
+"""After a response: what the index ends up saying about the slot, whatever order the hooks ran in."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry
+
+from llamafleet_core.index.memory import InMemoryPrefixIndex
+from llamafleet_core.types import Action, PromptTags
+from llamafleet_router.background import IndexHealth
+from llamafleet_router.hooks import AfterResponse, Outcome
+from llamafleet_router.metrics import RouterMetrics
+from llamafleet_router.scheduling.framework import Decision, SchedRequest
+from llamafleet_router.sse import Stats
+from tests.router.scheduling.fakes import MODEL, FakePrompt, chain, endpoint, slot
+
+
+@dataclass
+class _NoLeases:
+    released: int = 0
+
+    async def schedule(self, req: object, endpoints: object) -> Decision:
+        raise AssertionError("not scheduling here")
+
+    async def release(self, decision: Decision) -> None:
+        self.released += 1
+
+
+def _tags(tag: str) -> PromptTags:
+    return PromptTags(head=f"head-{tag}", head_blocks=4, conversation=f"conv-{tag}")
+
+
+def _request(rid: str, tag: str) -> SchedRequest:
+    prompt = FakePrompt(MODEL, chain(tag, 6), shared_chars=4 * 256, tags=_tags(tag))
+    return SchedRequest(rid, MODEL, prompt, None)
+
+
+async def test_a_late_finish_does_not_overwrite_the_record_of_the_request_that_took_the_slot_since() -> None:
+    """Request 1 ends and gives its slot up at once; request 2 takes it and is recorded; request 1's
+    `finished` runs only then. The index must keep naming request 2's head and conversation: a slot
+    tagged with request 1's conversation would draw that conversation's next turn to a slot that no
+    longer holds it."""
+    index = InMemoryPrefixIndex()
+    metrics = RouterMetrics(CollectorRegistry())
+    leases = _NoLeases()
+    after = AfterResponse(index=index, scheduler=leases, metrics=metrics,
+                          health=IndexHealth(index, metrics, 1.0), block_chars=256, chars_per_token=4.0)
+    one, two = _request("r1", "a"), _request("r2", "b")
+    decision = Decision(endpoint("p"), 0, Action.DIRECT, None, 0, "cold")
+    await after.dispatched(one, decision)
+    await after.dispatched(two, decision)
+    done = Outcome(status=200, stats=Stats(cache_n=0, prompt_n=1500, predicted_n=8), completed=True)
+    await after.finished(one, decision, done)
+    found = await index.lookup(MODEL, chain("b", 6), _tags("b"))
+    assert found.slots == {slot("p", 0): 6} and found.conversation == slot("p", 0)
+    assert (await index.lookup(MODEL, chain("a", 6), _tags("a"))).slots == {}
+    assert leases.released == 1
+    # Its own finish, in order, records it again.
+    await after.finished(two, decision, done)
+    found = await index.lookup(MODEL, chain("b", 6), _tags("b"))
+    assert found.conversation == slot("p", 0) and leases.released == 2
