@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from llamafleet_local.bench.setups import LABELS, SETUPS
-from llamafleet_local.bench.stats import Spread, agreement, fmt_ratio, ratio, share
+from llamafleet_local.bench.stats import Spread, agreement, fmt_ratio, ratio, restore_figures, share
 
 MIB = 1024 * 1024
 COLD_SHARE = 0.05  # a reference reply counts as cold when it reused at most this share of its prompt
@@ -75,6 +75,7 @@ def summarize_setup(d: dict[str, Any], ref: dict[str, Any] | None, minimum: int,
         "decode_tps": Spread.of([day[2]["decode_tps"]] if len(day) > 2 else []),
         "agreement": share(pairs) if ref is not None else 1.0,
         "agreement_positions": sum(t for _, t in pairs),
+        "restores": restore_figures(d.get("restores", []), d.get("snapshot_files", []), sizes[0]),
     }
 
 
@@ -133,6 +134,11 @@ def _rows(sizes: list[int]) -> list[Row]:
          lambda s: f"{s['computed']:.0f} ({fmt_ratio(s['computed_x_min'])})", lambda s: float(s["computed"])),
         ("KV held in slots per session (MiB)", lambda s: s["kv_session_mib"].fmt("", 2), None),
         ("snapshot files on disk at the end (MiB)", lambda s: f"{s['snapshot_mib']:.1f}", None),
+        (f"one {sizes[0] // 1000}K-token snapshot file (MiB)", lambda s: s["restores"]["mib"].fmt("", 2),
+         None),
+        ("restoring it: llama-server's load (ms)", lambda s: s["restores"]["server_ms"].fmt("", 1), None),
+        ("restoring it: the gateway's whole restore, agent's checks included (ms)",
+         lambda s: s["restores"]["gateway_ms"].fmt("", 1), None),
         ("decode tokens/s (one session)", lambda s: s["decode_tps"].fmt("", 0), None),
         ("greedy output positions equal to a cold run (a; for (c), its own server flags when they differ)",
          lambda s: f"{s['agreement']:.1%} of {s['agreement_positions']}" if s["agreement_positions"]

@@ -25,6 +25,7 @@ import httpx
 from llamafleet_local.bench import scenarios as sc
 from llamafleet_local.bench.client import Reply, stream_chat
 from llamafleet_local.bench.setups import BASELINE_FLASH_ATTENTION, Fleet, PlainPods
+from llamafleet_local.bench.stats import restore_records
 from llamafleet_local.up.config import FleetConfig, parse_documents
 from llamafleet_local.up.resolve import Resolved, resolve
 from llamafleet_local.workload import (
@@ -179,6 +180,9 @@ async def run_setup(setup: PlainPods | Fleet, kind: str, model: str, profiles: P
                         "errors": sorted({f"{r.status}: {r.error[:200]}" for r in mixed if r.error})[:5]}
         say(f"{kind}: mixed workload: {after - before} prompt tokens computed")
         out["snapshot_bytes"] = setup.snapshot_bytes()
+        if isinstance(setup, Fleet) and setup.gateway_log.is_file():  # restore times, from its own log
+            with setup.gateway_log.open(encoding="utf-8", errors="replace") as log:
+                out["restores"] = restore_records(log)
     return out
 
 

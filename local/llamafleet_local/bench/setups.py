@@ -118,6 +118,7 @@ class Fleet:
                                 Reporter(io.StringIO()))
         self.url = ""
         self.snapshots_enabled_here = False
+        self.gateway_log = run_dir / "gateway.log"  # the in-process gateway's JSON log
 
     @property
     def servers(self) -> list[str]:

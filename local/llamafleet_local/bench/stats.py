@@ -3,6 +3,7 @@ prefill tokens, greedy agreement, and KV bytes per token of a model."""
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -110,3 +111,34 @@ def kv_shape(arch: str, n_layer: int, n_embd: int, n_head: int, n_head_kv: int, 
     if arch == "qwen35":
         return KvShape(n_layer // full_attention_interval, n_head_kv, head_dim or n_embd // n_head)
     return KvShape(n_layer, n_head_kv, n_embd // n_head)
+
+
+def restore_records(log_lines: Iterable[str]) -> list[dict[str, Any]]:
+    """The gateway's "snapshot restored" events from its JSON log: which snapshot, how many tokens, from
+    where (local file or pulled from a peer), llama-server's own load time (`restore_ms`) and the
+    gateway's whole restore (`seconds`: the agent's checks and a pull included)."""
+    out = []
+    for line in log_lines:
+        if '"snapshot restored"' not in line:
+            continue
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        out.append({k: event.get(k) for k in ("snapshot", "n_tokens", "source", "restore_ms", "seconds")})
+    return out
+
+
+def restore_figures(restores: Sequence[dict[str, Any]], files: Sequence[dict[str, Any]],
+                    tokens: int) -> dict[str, Spread]:
+    """For a fleet's restores of local snapshots of about `tokens` tokens (within 10%: the headline
+    prefix size): the snapshot file's size in MiB, llama-server's load time and the gateway's whole
+    restore in ms."""
+    sizes = {str(f["name"]).removesuffix(".bin"): int(f["bytes"]) for f in files}
+    near = [r for r in restores if r.get("source") == "local" and r.get("restore_ms") is not None
+            and abs(int(r.get("n_tokens") or 0) - tokens) <= tokens // 10]
+    return {
+        "mib": Spread.of(sizes[r["snapshot"]] / (1024 * 1024) for r in near if r.get("snapshot") in sizes),
+        "server_ms": Spread.of(float(r["restore_ms"]) for r in near),
+        "gateway_ms": Spread.of(1000 * float(r["seconds"]) for r in near if r.get("seconds") is not None),
+    }
