@@ -95,6 +95,14 @@ class DetachedBuilds:
         """Whether the flight `key` is being built detached (its waiters need not wait)."""
         return key in self._detached
 
+    def claim(self, key: FlightKey) -> None:
+        """The flight's leader is about to borrow a slot for it: count it as detached from now on."""
+        self._detached.add(key)
+
+    def unclaim(self, key: FlightKey) -> None:
+        """No slot could be borrowed: the leader builds in place after all."""
+        self._detached.discard(key)
+
     def start(
         self, req: SchedRequest, prompt: Prompt, key: FlightKey, stage: SnapshotRef, borrowed: Borrowed,
         agents: dict[str, str], extra: list[int], known: frozenset[tuple[str, int]],

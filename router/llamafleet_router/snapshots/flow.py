@@ -157,7 +157,15 @@ class SnapshotFlow:
             # a short tail is new (a later day: the date line). Building the session prefix here would
             # hold the request for a tokenize, a prefill and a save; build it in another slot from the
             # stage's snapshot instead, and forward now.
-            borrowed = await self.borrow(req)
+            # Claimed before the borrow's awaits (a schedule, leases): a session joining the flight
+            # meanwhile goes on as decided rather than waiting, as it would once the build runs.
+            self._detached.claim(key)
+            borrowed = None
+            try:
+                borrowed = await self.borrow(req)
+            finally:
+                if borrowed is None:
+                    self._detached.unclaim(key)
             if borrowed is not None:
                 self.primer.slots.take(borrowed[0].slot_ref)  # the build overwrites what it was primed with
                 self._detached.start(req, prompt, key, base, borrowed, agents, extra, known)
