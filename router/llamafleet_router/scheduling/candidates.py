@@ -8,7 +8,10 @@ pod the candidates are:
 - one slot per distinct run length the lookup reports (slots holding the same number of leading blocks
   of this prompt; sessions of one agent usually hold the same prefix plus their own question, so 150
   matching slots over 32 pods become about 32 candidates);
-- every slot a `SlotNominator` plugin names (session affinity's last slot), each on its own;
+- one slot per run length among the slots the index says hold this head exactly (`Lookup.exact_head`:
+  they score above slots of the same run that may part from the head inside its last block);
+- the slot holding this conversation (`Lookup.conversation`) and every slot a `SlotNominator` plugin
+  names (session affinity's last slot), each on its own;
 - one representative of the slots nothing is known about (the "no prefix here" choice).
 
 The representative of a group is the slot this router released longest ago (`EndpointState.
@@ -27,20 +30,25 @@ from collections.abc import Iterable, Iterator, Sequence
 from llamafleet_core.types import Lookup, SlotRef
 from llamafleet_router.scheduling.framework import Candidate, EndpointState
 
-# Per pod uid: slot -> group. A group is the run length the lookup gives (> 0), or a distinct negative
-# value for a nominated slot; a slot absent from the map is in group 0 (nothing known).
+# Per pod uid: slot -> group. A group is the run length the lookup gives (> 0; plus `_EXACT` for slots
+# holding the head exactly), or a distinct negative value for a slot on its own; a slot absent from the
+# map is in group 0 (nothing known).
 Groups = dict[str, dict[int, int]]
+_EXACT = 1 << 40  # above any run length
 
 
 def slot_groups(lookup: Lookup, nominated: Iterable[SlotRef]) -> Groups:
     groups: Groups = {}
+    exact = lookup.exact_head
     for ref, held in lookup.slots.items():
+        group = held + _EXACT if exact and ref in exact else held
         mine = groups.get(ref.pod_uid)
         if mine is None:
-            groups[ref.pod_uid] = {ref.slot: held}
+            groups[ref.pod_uid] = {ref.slot: group}
         else:
-            mine[ref.slot] = held
-    for ref in nominated:
+            mine[ref.slot] = group
+    own = (lookup.conversation,) if lookup.conversation is not None else ()
+    for ref in (*own, *nominated):
         groups.setdefault(ref.pod_uid, {})[ref.slot] = -1 - ref.slot
     return groups
 

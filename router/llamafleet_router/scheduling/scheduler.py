@@ -151,11 +151,7 @@ class Scheduler:
         if not survivors:
             raise NoEndpointError(f"no endpoint for model {req.model!r}")
         lookup = state.read(LOOKUP, _EMPTY)
-        # The slot holding this conversation's last turn stands on its own, as a session's last slot does:
-        # whole blocks make it look like the other slots holding the same head.
-        own = (lookup.conversation,) if lookup.conversation is not None else ()
-        nominated = (ref for n in self._nominators for ref in n.nominate(req, state))
-        named = slot_groups(lookup, (*own, *nominated))
+        named = slot_groups(lookup, (ref for n in self._nominators for ref in n.nominate(req, state)))
         idle = candidates(survivors, named, idle_only=True)
         decision = None
         if idle:

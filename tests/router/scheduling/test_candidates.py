@@ -127,3 +127,15 @@ def test_in_flight_remembers_when_each_slot_was_released() -> None:
     assert flight.last_used("a") == used  # still busy: not released again yet
     used.clear()
     assert flight.last_used("a")  # a copy: the caller cannot change the bookkeeping
+
+
+def test_slots_the_index_tags_apart_from_their_run_are_candidates_of_their_own() -> None:
+    """Slots 0 and 1 hold the same 30 whole blocks, but the index says slot 1 holds the prompt's head
+    exactly (and slot 3 its conversation): they score apart, so they cannot share one representative."""
+    pod = state("a", n_slots=4, resume_anywhere=False, last_used={0: 1, 1: 5, 2: 9, 3: 7})
+    lookup = Lookup(slots={slot("a", n): 30 for n in range(4)}, exact_head=frozenset({slot("a", 1)}),
+                    conversation=slot("a", 3))
+    groups = slot_groups(lookup, ())
+    got = candidates([pod], groups, idle_only=True)
+    assert sorted(c.slot for c in got) == [0, 1, 3]
+    assert [c.slot for c in with_spares(next(c for c in got if c.slot == 0), groups)] == [0, 2]

@@ -43,6 +43,7 @@ def fleets(draw: st.DrawFn) -> list[EndpointState]:
                 in_flight=draw(st.integers(0, 50)),
                 agent=draw(st.booleans()),
                 attach=draw(st.booleans()),
+                resume_anywhere=draw(st.booleans()),
                 last_used=draw(st.dictionaries(st.integers(0, n_slots - 1), st.integers(0, 100))),
             )
         )
@@ -71,7 +72,11 @@ def lookups(draw: st.DrawFn) -> Lookup:
             max_size=4,
         )
     )
-    return Lookup(slots=slots, snapshots=tuple(snaps))
+    # The slot tags: some of the matching slots hold the prompt's head exactly, one its conversation.
+    refs = sorted(slots, key=lambda ref: (ref.pod_uid, ref.slot))
+    exact = draw(st.sets(st.sampled_from(refs))) if refs else set()
+    conversation = draw(st.none() | st.sampled_from(refs)) if refs else None
+    return Lookup(slots=slots, snapshots=tuple(snaps), conversation=conversation, exact_head=frozenset(exact))
 
 
 def all_scorers() -> list[Scorer]:
