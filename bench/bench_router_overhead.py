@@ -249,6 +249,11 @@ def start_setups(fleet: Fleet, redis_url: str, args: argparse.Namespace) -> dict
             level = args.router_log_level.lower()
             sgl += ["--log-level", {"warning": "warn", "critical": "error"}.get(level, level)]
         routers["sglang-router"] = sgl
+    if args.floors:
+        # What Python itself costs: the same stack doing no work, and bytes copied with no framework.
+        for mode in ("asgi", "raw"):
+            routers[f"python-floor-{mode}"] = [sys.executable, str(HERE / "floor_proxy.py"), "--mode", mode,
+                                               "--upstream", upstream]
     for name, argv in routers.items():
         port = free_port()
         proc = fleet.spawn(name, [*argv, "--port", str(port)])
@@ -369,6 +374,8 @@ def main() -> None:
     p.add_argument("--modes", nargs="+", choices=["paced", "saturated"], default=["paced", "saturated"])
     p.add_argument("--router-log-level", help="pass --log-level to both routers (default: theirs)")
     p.add_argument("--no-sglang", dest="sglang", action="store_false")
+    p.add_argument("--no-floors", dest="floors", action="store_false",
+                   help="skip the Python floor proxies (floor_proxy.py)")
     p.add_argument("--out", type=Path, default=HERE / "results" / "router_overhead.json")
     args = p.parse_args()
     if args.client:
