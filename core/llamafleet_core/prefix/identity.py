@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from llamafleet_core.prefix.hashing import BLOCK_CHARS, block_chain, extend_chain, prefix_tag
+from llamafleet_core.prefix.substitute import substituted
 from llamafleet_core.prefix.template import ChatTemplate, PromptError, canonical_render, render_chat
 from llamafleet_core.types import PromptTags
 
@@ -184,18 +185,26 @@ def chat_identity(
     model: str,
     block_chars: int = BLOCK_CHARS,
     markers: Sequence[str] | None = None,
+    substitute: bool = True,
 ) -> PromptIdentity:
-    """Identity of a `/v1/chat/completions` body. Raises only `PromptError` (no usable `messages`)."""
+    """Identity of a `/v1/chat/completions` body. Raises only `PromptError` (no usable `messages`).
+    `substitute=False` always renders the whole prompt (the reference the fast path is tested against)."""
     if not isinstance(body, Mapping):
         raise PromptError("the request body must be a JSON object")
     messages = body.get("messages")
     if not isinstance(messages, list):
         raise PromptError("'messages' must be an array")
     try:
-        # The full prompt ends in a new question: rendered once, so not through the render cache.
-        rendered = render_chat(template, body, remember=False)
         first, last = _user_indices(messages)
-        cut, basis = _session_cut(template, body, messages, rendered.text, rendered.path, markers, last)
+        # The full prompt ends in a new question: its shape's cached render with the question put in,
+        # or (when that is not exact) rendered whole, once, so not through the render cache.
+        fast = substituted(template, body, messages, last) if substitute else None
+        if fast is not None:
+            rendered, basis, question = fast
+            cut = special_token_start(rendered.text, question, markers)
+        else:
+            rendered = render_chat(template, body, remember=False)
+            cut, basis = _session_cut(template, body, messages, rendered.text, rendered.path, markers, last)
         shared = cut
         if first != last:  # a conversation with history: the probe render of its head is cached
             shared = min(cut, _session_cut(

@@ -80,3 +80,34 @@ async def test_the_scheduler_weighs_each_pods_learned_speeds() -> None:
     # nobody this replica knows of, see decide.best_restore).
     d = await sched.schedule(SchedRequest("q1", MODEL, prompt), [state("b", busy=(2,), in_flight=0)])
     assert (d.action, d.snapshot) == (Action.COMPUTE, None)
+
+
+def _count(registry: object, metric: str, **labels: str) -> float:
+    from prometheus_client import CollectorRegistry
+
+    assert isinstance(registry, CollectorRegistry)
+    return registry.get_sample_value(metric, labels) or 0.0
+
+
+async def test_plugin_latency_is_sampled_and_the_lookup_and_lease_are_timed_every_time() -> None:
+    """Seventeen histogram observations per decision cost a sixth of it: plugins are sampled (one call
+    in PLUGIN_SAMPLE_EVERY, the first one included), the index lookup and the lease wait are not."""
+    from prometheus_client import CollectorRegistry
+
+    from llamafleet_router.metrics import PLUGIN_SAMPLE_EVERY, RouterMetrics
+
+    registry = CollectorRegistry()
+    metrics = RouterMetrics(registry)
+    index = InMemoryPrefixIndex()
+    sched = Scheduler(default_config(), index=index, leases=InMemorySlotLeases(), holder_prefix="r1",
+                      metrics_hook=metrics.scheduler_hook)
+    n = 2 * PLUGIN_SAMPLE_EVERY + 1
+    for i in range(n):
+        d = await sched.schedule(SchedRequest(f"q{i}", MODEL, identity()), [state("a"), state("b")])
+        await sched.release(d)
+    assert _count(registry, "llamafleet_router_index_lookup_seconds_count") == n
+    assert _count(registry, "llamafleet_router_lease_wait_seconds_count") == n
+    lookup = {"point": "producer", "type": "prefix-lookup", "name": "prefix-lookup"}
+    assert _count(registry, "llamafleet_router_plugin_seconds_count", **lookup) == 3
+    picker = {"point": "picker", "type": "max-score", "name": "max-score"}
+    assert _count(registry, "llamafleet_router_plugin_seconds_count", **picker) == 3
