@@ -26,29 +26,21 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import TypeVar
 
 import aiohttp
 import httpx
 from starlette.responses import Response
 
-from llamafleet_router.background import cancel_and_wait
 from llamafleet_router.errors import SERVER, ApiError
+from llamafleet_router.gone import GoneSignal, PodUnreachable, unless_gone
 from llamafleet_router.hooks import Outcome
 from llamafleet_router.relay import OnFinish, OnFirstByte, RelayResponse, head_of_stream, prepend, relay
 from llamafleet_router.sse import stats_from_body
 from llamafleet_router.upstream import GatewayClient
 
-T = TypeVar("T")
-
-
 # Hop-by-hop headers (RFC 9110 7.6.1) and those Starlette recomputes.
 _DROP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
          "transfer-encoding", "upgrade", "content-length", "date", "server"}
-
-
-class PodUnreachable(Exception):
-    """The pod refused the connection or did not accept it in time; nothing reached the client."""
 
 
 def response_headers(upstream: Iterable[tuple[str, str]]) -> dict[str, str]:
@@ -65,7 +57,7 @@ async def forward(
     on_finish: OnFinish,
     on_first_byte: OnFirstByte | None = None,
     extra_headers: Mapping[str, str] | None = None,
-    give_up: asyncio.Event | None = None,
+    give_up: GoneSignal | None = None,
 ) -> Response:
     """Send `body` to `url` and relay the answer; `extra_headers` are added to the client's response
     (the routing decision, for operators and tests). When `give_up` is set before the pod's first
@@ -104,7 +96,7 @@ async def _forward_aiohttp(
     on_finish: OnFinish,
     on_first_byte: OnFirstByte | None,
     extra_headers: Mapping[str, str] | None,
-    give_up: asyncio.Event | None = None,
+    give_up: GoneSignal | None = None,
 ) -> Response:
     started = time.perf_counter()
     upstream, head = await unless_gone(give_up, _open(session, url, body, headers, on_finish))
@@ -167,26 +159,6 @@ async def _open(
     except asyncio.CancelledError:
         upstream.close()
         raise
-
-
-async def unless_gone(give_up: asyncio.Event | None, work: Awaitable[T]) -> T:
-    """`await work`, unless `give_up` is set first (discovery marked the pod down: hung or gone): then
-    `work` is cancelled and PodUnreachable raised, so the request goes to another pod."""
-    if give_up is None:
-        return await work
-    task = asyncio.ensure_future(work)
-    waiter = asyncio.ensure_future(give_up.wait())
-    try:
-        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
-    except BaseException:  # our caller was cancelled (the client left): nothing may keep running
-        task.cancel()
-        waiter.cancel()
-        raise
-    waiter.cancel()
-    if task.done():
-        return task.result()
-    await cancel_and_wait(task)  # a cancel of our caller meanwhile propagates, not PodUnreachable
-    raise PodUnreachable("the pod was marked down (hung or gone) before it answered")
 
 
 async def _noop() -> None:

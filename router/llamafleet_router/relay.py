@@ -20,6 +20,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from llamafleet_router.errors import sse_error_event
+from llamafleet_router.gone import GoneSignal
 from llamafleet_router.hooks import Outcome
 from llamafleet_router.sse import SSETap
 
@@ -37,7 +38,7 @@ class RelayResponse(StreamingResponse):
     upstream connection closed, which stops the generation). The body iterator is always closed, so the
     relay's `finally` never waits for the garbage collector."""
 
-    def __init__(self, *args: Any, give_up: asyncio.Event | None = None, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, give_up: GoneSignal | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.give_up = give_up  # set when discovery marks the pod down (hung): end the stream
 
@@ -57,17 +58,17 @@ class RelayResponse(StreamingResponse):
                 gone = True
                 relay.cancel()
 
-        async def abandon(event: asyncio.Event) -> None:
+        def abandon() -> None:
             # A pod that hangs mid-stream would hold the client until it wakes: end the stream with an
             # SSE error event instead, as for a pod that dies.
             nonlocal abandoned
-            await event.wait()
-            if streaming and relay is not None:
+            if streaming and relay is not None and not abandoned:
                 abandoned = True
                 relay.cancel()
 
         watcher = asyncio.create_task(watch())
-        hang_watch = asyncio.create_task(abandon(self.give_up)) if self.give_up is not None else None
+        if self.give_up is not None:
+            self.give_up.add(abandon)
         try:
             start = {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
             await send(start)
@@ -85,8 +86,8 @@ class RelayResponse(StreamingResponse):
         finally:
             streaming = False
             watcher.cancel()
-            if hang_watch is not None:
-                hang_watch.cancel()
+            if self.give_up is not None:
+                self.give_up.discard(abandon)
             aclose = getattr(self.body_iterator, "aclose", None)
             if aclose is not None:
                 await aclose()

@@ -13,7 +13,7 @@ import asyncio
 import pytest
 
 from llamafleet_router.background import TaskSet, cancel_and_wait
-from llamafleet_router.proxy import PodUnreachable, unless_gone
+from llamafleet_router.gone import GoneSignal, PodUnreachable, unless_gone
 
 
 async def _slow_to_cancel(cleanup_s: float = 0.2) -> None:
@@ -53,7 +53,7 @@ async def test_cancel_and_wait_swallows_only_the_tasks_own_end() -> None:
 async def test_unless_gone_raises_the_callers_cancel_not_pod_unreachable_when_cancelled_meanwhile() -> None:
     """The pod is marked down, so the work is being cancelled; the client leaves meanwhile. The request
     must end cancelled: PodUnreachable would send it on to another pod for a client that is gone."""
-    gone = asyncio.Event()
+    gone = GoneSignal()
 
     async def request() -> None:
         await unless_gone(gone, _slow_to_cancel())
@@ -68,10 +68,29 @@ async def test_unless_gone_raises_the_callers_cancel_not_pod_unreachable_when_ca
 
 
 async def test_unless_gone_raises_pod_unreachable_when_the_pod_is_marked_down() -> None:
-    gone = asyncio.Event()
+    gone = GoneSignal()
     gone.set()
     with pytest.raises(PodUnreachable):
         await unless_gone(gone, _slow_to_cancel(0.0))
+
+
+async def test_unless_gone_moves_a_waiting_request_and_leaves_nothing_behind() -> None:
+    """Marked down while the work waits: PodUnreachable at once (no task raced against an event), and
+    neither a finished wait nor a moved one leaves a callback on the pod's signal."""
+    gone = GoneSignal()
+    assert await unless_gone(gone, asyncio.sleep(0, result="answer")) == "answer"
+    assert not gone._callbacks
+
+    async def request() -> None:
+        await unless_gone(gone, asyncio.sleep(60))
+
+    task = asyncio.create_task(request())
+    await asyncio.sleep(0.01)
+    assert len(gone._callbacks) == 1
+    gone.set()
+    with pytest.raises(PodUnreachable):
+        await task
+    assert not gone._callbacks and not task.cancelled()
 
 
 async def test_drain_cancels_what_is_left_after_its_limit() -> None:

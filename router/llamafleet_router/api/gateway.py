@@ -26,12 +26,13 @@ from llamafleet_router.background import IndexHealth, TaskSet
 from llamafleet_router.discovery.base import Discovery
 from llamafleet_router.errors import ApiError, no_pod_available
 from llamafleet_router.fleet import InFlight, endpoint_states, props_for, resolve_model
+from llamafleet_router.gone import PodUnreachable, unless_gone
 from llamafleet_router.hooks import AfterResponse, Outcome, SchedulerLike
 from llamafleet_router.leases import ReplicaLeases
 from llamafleet_router.logs import request_id_var
 from llamafleet_router.metrics import RouterMetrics
 from llamafleet_router.prompts import PromptRenderer
-from llamafleet_router.proxy import PodUnreachable, forward, unless_gone
+from llamafleet_router.proxy import forward
 from llamafleet_router.scheduling.framework import (
     ANY_SLOT,
     Decision,

@@ -28,6 +28,7 @@ from llamafleet_core.membership import DEFAULT_PREFIX, Member, list_fleets, read
 from llamafleet_router.background import cancel_and_wait
 from llamafleet_router.discovery.base import FenceHook, PodStatus
 from llamafleet_router.discovery.static import StaticDiscovery
+from llamafleet_router.gone import GoneSignal
 from llamafleet_router.settings import PodSpec
 
 log = logging.getLogger(__name__)
@@ -88,7 +89,7 @@ class MembershipDiscovery:
     def mark_down(self, uid: str) -> None:
         self._pods.mark_down(uid)
 
-    def gone(self, uid: str) -> asyncio.Event:
+    def gone(self, uid: str) -> GoneSignal:
         return self._pods.gone(uid)
 
     async def poll_once(self) -> None:

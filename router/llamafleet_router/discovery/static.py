@@ -35,6 +35,7 @@ from llamafleet_core.llama_client import LlamaClient, LlamaError
 from llamafleet_core.types import Endpoint, PodRef
 from llamafleet_router.background import cancel_and_wait
 from llamafleet_router.discovery.base import FenceHook, PodProps, PodStatus
+from llamafleet_router.gone import GoneSignal
 from llamafleet_router.settings import PodSpec
 
 log = logging.getLogger(__name__)
@@ -68,7 +69,7 @@ class StaticDiscovery:
     ) -> None:
         self._pods = [_Pod(spec, LlamaClient(spec.url, http)) for spec in pods]
         self._http = http
-        self._gone: dict[str, asyncio.Event] = {}
+        self._gone: dict[str, GoneSignal] = {}
         self._hang_after = hang_timeout or max(3.0, 4 * poll_interval)
         self._interval = poll_interval
         self._model_name = model_name
@@ -140,12 +141,12 @@ class StaticDiscovery:
                 log.warning("pod marked down", extra={"pod": pod.spec.url, "uid": uid})
                 self._down(pod, "marked down by the proxy")
 
-    def gone(self, uid: str) -> asyncio.Event:
+    def gone(self, uid: str) -> GoneSignal:
         """Set when the pod goes DOWN from now on: requests still waiting for its first byte give up
         and go to another pod instead of hanging with it."""
         event = self._gone.get(uid)
         if event is None:
-            event = self._gone[uid] = asyncio.Event()
+            event = self._gone[uid] = GoneSignal()
         return event
 
     async def poll_once(self) -> None:
