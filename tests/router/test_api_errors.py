@@ -164,6 +164,30 @@ async def test_request_id_is_echoed_and_generated(make_app: AppFactory) -> None:
     assert len(fresh.headers["x-request-id"]) == 32
 
 
+async def test_inference_routes_echo_the_request_id_and_answer_their_own_failures(
+    make_app: AppFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The inference routes skip Starlette's middleware: the request id still rides every answer (a
+    stream, a refusal), a GET still gets 405, and a bug still becomes an OpenAI-shaped 500."""
+    app = make_app()
+    async with app_client(app) as client:
+        streamed = await client.post("/v1/chat/completions", json=chat_body(stream=True),
+                                     headers={"x-request-id": "rid-1"})
+        refused = await client.post("/v1/completions", content=b"{", headers={"x-request-id": "rid-2"})
+        wrong_method = await client.get("/v1/chat/completions")
+
+        def broken(*args: Any) -> Any:
+            raise RuntimeError("a bug")
+
+        monkeypatch.setattr(app.state.gateway.prompts, "identity", broken)
+        failed = await client.post("/v1/chat/completions", json=chat_body())
+    assert (streamed.status_code, streamed.headers["x-request-id"]) == (200, "rid-1")
+    assert (refused.status_code, refused.headers["x-request-id"]) == (400, "rid-2")
+    assert wrong_method.status_code == 405 and len(wrong_method.headers["x-request-id"]) == 32
+    assert assert_openai_error(failed, 500)["code"] == "internal_error"
+    assert len(failed.headers["x-request-id"]) == 32
+
+
 async def test_models_lists_the_fleets_models(make_app: AppFactory) -> None:
     async with app_client(make_app()) as client:
         resp = await client.get("/v1/models")
