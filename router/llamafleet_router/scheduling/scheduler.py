@@ -43,17 +43,13 @@ from llamafleet_router.scheduling.framework import (
     Candidate,
     CycleState,
     Decision,
-    DecisionHook,
     EndpointState,
-    Filter,
     GatedScorer,
     MetricsHook,
     NoEndpointError,
-    Picker,
     PluginHandle,
     PodScorer,
     PrefixIndexLike,
-    Producer,
     SchedRequest,
     ScoredCandidate,
     Scorer,
@@ -62,7 +58,7 @@ from llamafleet_router.scheduling.framework import (
 )
 from llamafleet_router.scheduling.lookup_view import pod_best_slot
 from llamafleet_router.scheduling.plugins.scorers.session_affinity import SessionAffinityScorer
-from llamafleet_router.scheduling.registry import Registry, register_builtin_plugins
+from llamafleet_router.scheduling.registry import Registry, build_plugins, register_builtin_plugins
 from llamafleet_router.scheduling.speeds import SpeedBook
 from llamafleet_router.scheduling.weighing import weigh_candidates
 
@@ -90,34 +86,10 @@ class Scheduler:
         self._leases = leases
         self._holder_prefix = holder_prefix
         self._metrics = metrics_hook
-        self.producers: list[Producer] = []
-        self.filters: list[Filter] = []
-        self.scorers: list[tuple[Scorer, float]] = []
-        pickers: list[Picker] = []
-        self._hooks: list[DecisionHook] = []
-        self._produces: dict[str, tuple[str, ...]] = {}
-        reg = registry or register_builtin_plugins()
-        handle = PluginHandle(index=index)
-        for entry in config.profile.plugins:
-            pc = config.plugin(entry.ref)
-            spec = reg[pc.type]
-            plugin = spec.factory(pc.ref_name, pc.params, handle)
-            self._produces[pc.ref_name] = spec.produces
-            # Dispatch on the kind the registry declares (what the config was validated against), and
-            # check the built object really implements it.
-            if spec.kind == "producer" and isinstance(plugin, Producer):
-                self.producers.append(plugin)
-            elif spec.kind == "filter" and isinstance(plugin, Filter):
-                self.filters.append(plugin)
-            elif spec.kind == "scorer" and isinstance(plugin, Scorer):
-                self.scorers.append((plugin, float(entry.weight or 0.0)))
-            elif spec.kind == "picker" and isinstance(plugin, Picker):
-                pickers.append(plugin)
-            else:
-                raise TypeError(f"plugin {pc.ref_name!r} does not implement the {spec.kind} protocol")
-            if isinstance(plugin, DecisionHook):
-                self._hooks.append(plugin)
-        self.picker = pickers[0]  # the config guarantees exactly one
+        plugins = build_plugins(config, registry or register_builtin_plugins(), PluginHandle(index=index))
+        self.producers, self.filters, self.scorers = plugins.producers, plugins.filters, plugins.scorers
+        self._hooks, self._produces = plugins.hooks, plugins.produces
+        self.picker = plugins.picker
         self._affinity = {s.name for s, _ in self.scorers if isinstance(s, SessionAffinityScorer)}
         self._nominators = [s for s, _ in self.scorers if isinstance(s, SlotNominator)]
         # How to ask each scorer, decided once (isinstance on a Protocol is slow).
