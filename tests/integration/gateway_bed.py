@@ -9,12 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import json
+import shutil
+import tempfile
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
+import yaml
 from pydantic import SecretStr
 from starlette.applications import Starlette
 
@@ -23,6 +28,7 @@ from llamafleet_router.app import create_app
 from llamafleet_router.discovery.base import Discovery, FenceHook
 from llamafleet_router.discovery.static import StaticDiscovery
 from llamafleet_router.inprocess import serve
+from llamafleet_router.scheduling.config import DEFAULT_CONFIG
 from llamafleet_router.settings import RouterSettings
 from llamafleet_router.snapshots import SnapshotConfig
 
@@ -40,8 +46,9 @@ async def gateway(
     pod_urls: Sequence[str], redis_url: str, *, prefix: str = "lf", http: httpx.AsyncClient | None = None,
     poll_interval: float = 0.5, agent_token: str | None = None,
 ) -> AsyncIterator[Gateway]:
+    workdir = Path(tempfile.mkdtemp(prefix="gateway-bed-"))
     settings = RouterSettings(pods=",".join(pod_urls), redis_url=redis_url, poll_interval=poll_interval,
-                              index_ping_interval=0.2,
+                              index_ping_interval=0.2, config_file=_patient_lookup(workdir),
                               agent_token=SecretStr(agent_token) if agent_token else None)
     client = connect_index(redis_url)
     index = RedisPrefixIndex(client, prefix=prefix)
@@ -59,6 +66,23 @@ async def gateway(
             yield Gateway(url, app, index, leases)
     finally:
         await client.aclose()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _patient_lookup(workdir: Path) -> Path:
+    """The default pipeline with a 2 s index lookup deadline instead of 0.25 s.
+
+    Here the gateway, the agents and the test share one event loop, and two llama-servers prefilling
+    ~12K tokens hold both cores: a lookup that Redis answers at once can still miss a 0.25 s wall-clock
+    deadline, and the request then routes degraded (seen once in CI). These tests check what the index
+    makes of the fleet; the fallback has tests of its own (test_degraded.py, the reliability suite)."""
+    config = copy.deepcopy(DEFAULT_CONFIG)
+    for plugin in config["plugins"]:
+        if plugin["type"] == "prefix-lookup":
+            plugin["params"] = {"timeout_s": 2.0}
+    path = workdir / "pipeline.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
 
 
 async def _until_healthy(url: str, timeout: float = 60.0) -> None:
