@@ -204,6 +204,18 @@ def test_compiled_templates_and_renders_are_cached_when_inputs_repeat(qwen3: Cha
     assert cache.compile(qwen3.source) is cache.compile(qwen3.source)
 
 
+def test_templates_sharing_a_cache_never_get_each_others_renders() -> None:
+    """The render key names the template source (through a digest kept per source): two templates in
+    one cache, the same body, two renders; each served again from the cache as its own."""
+    cache = TemplateCache(max_templates=1)  # the digests outlive the compiled templates they came from
+    body = {"messages": [{"role": "user", "content": "Hi"}]}
+    a = ChatTemplate(source="A{% for m in messages %}{{ m.content }}{% endfor %}", cache=cache)
+    b = ChatTemplate(source="B{% for m in messages %}{{ m.content }}{% endfor %}", cache=cache)
+    for _ in range(3):
+        assert (render_chat(a, body).text, render_chat(b, body).text) == ("AHi", "BHi")
+    assert cache.render_hits == 4
+
+
 def test_from_props_reads_template_tokens_and_caps() -> None:
     props = {"chat_template": "x", "bos_token": "<s>", "eos_token": "</s>", "chat_template_caps": QWEN3_CAPS}
     t = ChatTemplate.from_props(props)
