@@ -84,6 +84,11 @@ def candidates(survivors: Sequence[EndpointState], groups: Groups, *, idle_only:
             if group not in seen and 0 <= slot < n and slot not in busy:
                 seen.add(group)
                 out.append(Candidate(s, slot))
+        if not s.slot_last_used:  # slots ascend: the first one nothing is known about is the oldest
+            first = next((slot for slot in slots if slot not in mine), None)
+            if first is not None:
+                out.append(Candidate(s, first))
+            continue
         rest = [slot for slot in slots if slot not in mine]
         if rest:
             out.append(Candidate(s, _oldest(s, rest)))
