@@ -14,7 +14,7 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import httpx
@@ -94,23 +94,23 @@ InferenceHandler = Callable[[Request, ParseRoute], Awaitable[Response]]
 
 
 class GatewayApp(Starlette):
-    """Starlette, with the inference routes taken before its middleware stack.
+    """Starlette, with the inference routes (`api.parse.Route`, whose values are their paths) taken
+    before its middleware stack.
 
     The stack (error middleware, request-id middleware, exception middleware, router, the endpoint
     wrapper) wrapped every SSE chunk's `send` in three more coroutines and cost each request a twentieth
-    of the gateway's CPU. The inference routes need none of it: they answer their own errors, and the
-    request id goes on the response itself. Every other route and method, and the lifespan, go through
-    Starlette as before."""
+    of the gateway's CPU. The inference routes need none of it: they answer their own errors (a method
+    other than POST gets the 405 Starlette's router gave), and the request id goes on the response
+    itself. Every other path, and the lifespan, go through Starlette as before."""
 
-    def __init__(self, *args: Any, inference: Mapping[str, ParseRoute], handler: InferenceHandler,
-                 **kwargs: Any) -> None:
+    def __init__(self, *args: Any, handler: InferenceHandler, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._inference = dict(inference)
+        self._inference = {route.value: route for route in ParseRoute}
         self._handler = handler
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         route = self._inference.get(scope["path"]) if scope["type"] == "http" else None
-        if route is None or scope["method"] != "POST":
+        if route is None:
             await super().__call__(scope, receive, send)
             return
         scope["app"] = self
@@ -119,7 +119,10 @@ class GatewayApp(Starlette):
         try:
             request = Request(scope, receive)
             try:
-                response = await self._handler(request, route)
+                if scope["method"] == "POST":
+                    response = await self._handler(request, route)
+                else:
+                    response = await http_error(request, HTTPException(405, headers={"Allow": "POST"}))
             except Exception as exc:  # what Starlette's error middleware did: a 500 in OpenAI's shape
                 response = await server_error(request, exc)
             response.headers["x-request-id"] = rid
@@ -249,13 +252,8 @@ def create_app(
                 await client.aclose()
 
     app = GatewayApp(
-        inference={"/v1/chat/completions": ParseRoute.CHAT, "/v1/completions": ParseRoute.COMPLETIONS,
-                   "/v1/messages": ParseRoute.MESSAGES},
         handler=gateway.infer,
         routes=[
-            Route("/v1/chat/completions", gateway.chat, methods=["POST"]),
-            Route("/v1/completions", gateway.completions, methods=["POST"]),
-            Route("/v1/messages", gateway.messages, methods=["POST"]),
             Route("/v1/models", info.models, methods=["GET"]),
             Route("/health", info.health, methods=["GET"]),
             Route("/metrics", info.metrics, methods=["GET"]),

@@ -184,6 +184,7 @@ async def test_inference_routes_echo_the_request_id_and_answer_their_own_failure
     assert (streamed.status_code, streamed.headers["x-request-id"]) == (200, "rid-1")
     assert (refused.status_code, refused.headers["x-request-id"]) == (400, "rid-2")
     assert wrong_method.status_code == 405 and len(wrong_method.headers["x-request-id"]) == 32
+    assert wrong_method.headers["allow"] == "POST"
     assert assert_openai_error(failed, 500)["code"] == "internal_error"
     assert len(failed.headers["x-request-id"]) == 32
 

@@ -201,15 +201,6 @@ class Gateway:
 
         return decision, give_back
 
-    async def chat(self, request: Request) -> Response:
-        return await self.infer(request, Route.CHAT)
-
-    async def completions(self, request: Request) -> Response:
-        return await self.infer(request, Route.COMPLETIONS)
-
-    async def messages(self, request: Request) -> Response:
-        return await self.infer(request, Route.MESSAGES)
-
     async def infer(self, request: Request, route: Route) -> Response:
         key, model = ANONYMOUS, "unknown"
         try:
