@@ -54,7 +54,7 @@ class CancelOnGone:
     """Cancels the current task when `signal` is set, and remembers that it did (`fired`), so the task
     can tell discovery's cancel from its caller's. Use as a context manager around the waiting."""
 
-    def __init__(self, signal: GoneSignal | None) -> None:
+    def __init__(self, signal: GoneSignal) -> None:
         self.signal = signal
         self.fired = False
         self._task: asyncio.Task[object] | None = None
@@ -65,14 +65,12 @@ class CancelOnGone:
             self._task.cancel()
 
     def __enter__(self) -> CancelOnGone:
-        if self.signal is not None:
-            self._task = asyncio.current_task()
-            self.signal.add(self._fire)
+        self._task = asyncio.current_task()
+        self.signal.add(self._fire)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self.signal is not None:
-            self.signal.discard(self._fire)
+        self.signal.discard(self._fire)
 
     def ours(self) -> bool:
         """Inside `except CancelledError`: True when the cancel was this signal's alone (then it is
