@@ -60,11 +60,12 @@ def _by_age(state: EndpointState, slots: Iterable[int]) -> list[int]:
     return sorted(slots, key=lambda slot: (state.released_at(slot), slot))
 
 
-def _oldest(state: EndpointState, slots: Sequence[int]) -> int:
-    """The first of `_by_age(state, slots)`, for `slots` in ascending order (non-empty)."""
+def _oldest(state: EndpointState, slots: Iterable[int]) -> int | None:
+    """The first of `_by_age(state, slots)`, for `slots` in ascending order (None when empty). Without
+    release times that is the first slot, so a lazy `slots` is read no further."""
     if not state.slot_last_used:
-        return slots[0]
-    return min(slots, key=lambda slot: (state.released_at(slot), slot))
+        return next(iter(slots), None)
+    return min(slots, key=lambda slot: (state.released_at(slot), slot), default=None)
 
 
 def candidates(survivors: Sequence[EndpointState], groups: Groups, *, idle_only: bool) -> list[Candidate]:
@@ -74,8 +75,8 @@ def candidates(survivors: Sequence[EndpointState], groups: Groups, *, idle_only:
         slots: Sequence[int] = s.idle_slots if idle_only else range(s.endpoint.n_slots)
         mine = groups.get(s.endpoint.pod.uid)
         if not mine:
-            if slots:
-                out.append(Candidate(s, _oldest(s, slots)))
+            if (oldest := _oldest(s, slots)) is not None:
+                out.append(Candidate(s, oldest))
             continue
         n, busy = s.endpoint.n_slots, s.busy_slots if idle_only else frozenset()
         seen: set[int] = set()
@@ -84,14 +85,8 @@ def candidates(survivors: Sequence[EndpointState], groups: Groups, *, idle_only:
             if group not in seen and 0 <= slot < n and slot not in busy:
                 seen.add(group)
                 out.append(Candidate(s, slot))
-        if not s.slot_last_used:  # slots ascend: the first one nothing is known about is the oldest
-            first = next((slot for slot in slots if slot not in mine), None)
-            if first is not None:
-                out.append(Candidate(s, first))
-            continue
-        rest = [slot for slot in slots if slot not in mine]
-        if rest:
-            out.append(Candidate(s, _oldest(s, rest)))
+        if (oldest := _oldest(s, (slot for slot in slots if slot not in mine))) is not None:
+            out.append(Candidate(s, oldest))
     return out
 
 
