@@ -17,14 +17,13 @@ from llamafleet_router.scheduling.decide import ActionCosts, choose_action
 from llamafleet_router.settings import RouterSettings
 from llamafleet_router.snapshots import SnapshotConfig
 from llamafleet_router.snapshots.cuts import (
+    TokenEnds,
     divergence_point,
     last_line_start,
     parse_name,
-    piece_offsets,
     ref_from_manifest,
     snapshot_name,
     stage_points,
-    tokens_at,
 )
 from llamafleet_router.snapshots.first_sight import Flights
 from llamafleet_router.snapshots.prime import PrimedSlots, same_text, slot_state
@@ -82,11 +81,29 @@ def test_divergence_point_is_a_line_start_at_or_before_the_shared_prefix() -> No
 
 
 def test_token_cuts_are_exact_only_on_piece_boundaries_when_offsets_come_from_pieces() -> None:
-    ends = piece_offsets("Hello world\nBye", ["Hello", " world", "\n", "Bye"])
-    assert ends == [5, 11, 12, 15]
-    assert tokens_at(ends, 12) == 3 and tokens_at(ends, 13) is None
-    assert piece_offsets("abc", ["<bos>", "abc"]) == [0, 3]  # a BOS the text lacks covers nothing
-    assert piece_offsets("abc", ["ab", [99]]) is None  # byte pieces: no exact offsets
+    ends = TokenEnds.from_pieces("Hello world\nBye", ["Hello", " world", "\n", "Bye"])
+    assert ends is not None and len(ends) == 4
+    assert ends.tokens_at(12) == 3 and ends.tokens_at(13) is None and ends.tokens_at(15) == 4
+    bos = TokenEnds.from_pieces("abc", ["<bos>", "abc"])  # a BOS the text lacks covers nothing
+    assert bos is not None and bos.tokens_at(3) == 2 and bos.tokens_at(0) == 1
+    assert TokenEnds.from_pieces("abc", ["ab", "d"]) is None  # pieces that do not spell the text
+    assert TokenEnds.from_pieces("abc", ["ab", None]) is None
+
+
+def test_byte_pieces_of_a_split_character_still_give_exact_cuts_around_it() -> None:
+    """llama-server's `/tokenize` gives a token that is not valid UTF-8 alone as its byte values, as it
+    did for this very text (an emoji split over three tokens, the first holding a space too). A real
+    agent client's prompt holds such text; the cuts before and after it must still be found."""
+    text = "a \u2014 b c \U0001f999 d\n\nX"
+    pieces: list[object] = ["a", " \u2014", " b", " c", [32, 240, 159], [166], [153], " d", "\n\n", "X"]
+    ends = TokenEnds.from_pieces(text, pieces)
+    assert ends is not None
+    assert ends.tokens_at(text.index("\n\n")) == 8  # after " d"
+    assert ends.tokens_at(text.index("X")) == 9  # the line start after the emoji
+    assert ends.tokens_at(text.index("\U0001f999")) is None  # inside the token " " + half the emoji
+    assert ends.tokens_at(text.index(" d")) == 7  # the emoji's last byte ends exactly there
+    assert ends.tokens_at(len(text)) == len(pieces)
+    assert TokenEnds.from_pieces(text, [*pieces[:-1], [256]]) is None  # not a byte
 
 
 def test_names_carry_the_exact_identity_so_listed_snapshots_can_be_recorded_again() -> None:

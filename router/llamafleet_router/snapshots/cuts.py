@@ -26,6 +26,7 @@ manifest keeps only blocks and tokens).
 from __future__ import annotations
 
 import re
+from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -88,38 +89,56 @@ def ref_from_manifest(manifest: SnapshotManifest, pod_uid: str, block_chars: int
     )
 
 
-def piece_offsets(text: str, pieces: Sequence[object]) -> list[int] | None:
-    """`ends[i]` = characters of `text` covered by tokens `0..i`; None when the pieces do not spell
-    `text` (byte-fallback pieces are not strings). A leading BOS piece the text does not contain covers
-    0 characters: it is part of every cut."""
-    strs = [p for p in pieces if isinstance(p, str)]
-    if len(strs) != len(pieces):
-        return None
-    skip = 0
-    if "".join(strs) != text:
-        if not strs or "".join(strs[1:]) != text:
+class TokenEnds:
+    """Where each token of a tokenized text ends, so a character cut can be mapped to a token count.
+
+    Kept in UTF-8 bytes, not characters: llama-server gives a token that is not valid UTF-8 on its own
+    (a piece of an emoji or of a CJK character) as a list of byte values, and one token may end inside
+    a character (`[32, 240, 159]`: a space and half an emoji). Agent clients' prompts carry such text
+    (dashes, arrows, emoji in tool descriptions); counting in characters gave up on every one of them,
+    so no stage snapshot was ever cut in a real client's prompt."""
+
+    __slots__ = ("_text", "_ends")
+
+    def __init__(self, text: str, byte_ends: Sequence[int]) -> None:
+        self._text = text
+        self._ends = tuple(byte_ends)
+
+    @classmethod
+    def from_pieces(cls, text: str, pieces: Sequence[object]) -> TokenEnds | None:
+        """None when the pieces do not spell `text`. A leading piece the text does not contain (a BOS
+        token added by `add_special`) covers 0 bytes: it is part of every cut."""
+        raw: list[bytes] = []
+        for piece in pieces:
+            if isinstance(piece, str):
+                raw.append(piece.encode("utf-8", "surrogatepass"))
+            elif isinstance(piece, list) and all(isinstance(b, int) and 0 <= b < 256 for b in piece):
+                raw.append(bytes(piece))
+            else:
+                return None
+        target = text.encode("utf-8", "surrogatepass")
+        skip = 0
+        if b"".join(raw) != target:
+            if not raw or b"".join(raw[1:]) != target:
+                return None
+            skip = 1
+        ends = [0] * skip
+        pos = 0
+        for piece_bytes in raw[skip:]:
+            pos += len(piece_bytes)
+            ends.append(pos)
+        return cls(text, ends)
+
+    def __len__(self) -> int:
+        return len(self._ends)
+
+    def tokens_at(self, chars: int) -> int | None:
+        """How many leading tokens cover exactly `text[:chars]`, or None if the cut splits a token."""
+        if not 0 <= chars <= len(self._text):
             return None
-        skip = 1
-    ends = [0] * skip
-    pos = 0
-    for piece in strs[skip:]:
-        pos += len(piece)
-        ends.append(pos)
-    return ends
-
-
-def tokens_at(ends: Sequence[int], chars: int) -> int | None:
-    """How many leading tokens cover exactly `chars` characters, or None if `chars` splits a token."""
-    lo, hi = 0, len(ends)
-    while lo < hi:  # first index whose end >= chars
-        mid = (lo + hi) // 2
-        if ends[mid] < chars:
-            lo = mid + 1
-        else:
-            hi = mid
-    if lo < len(ends) and ends[lo] == chars:
-        return lo + 1
-    return None
+        target = len(self._text[:chars].encode("utf-8", "surrogatepass"))
+        i = bisect_left(self._ends, target)  # first token ending at or after the cut
+        return i + 1 if i < len(self._ends) and self._ends[i] == target else None
 
 
 def safe_cuts(text: str, start: int, end: int) -> list[int]:

@@ -29,7 +29,7 @@ from llamafleet_core.index.base import PrefixIndex
 from llamafleet_core.llama_client import LlamaClient, LlamaError
 from llamafleet_core.types import Endpoint, SnapshotRef, exact_text_hash
 from llamafleet_router.snapshots.base import SnapshotConfig, SnapshotMetrics, failure_kind
-from llamafleet_router.snapshots.cuts import piece_offsets, snapshot_name, stage_points, tokens_at
+from llamafleet_router.snapshots.cuts import TokenEnds, snapshot_name, stage_points
 
 log = logging.getLogger(__name__)
 
@@ -165,13 +165,13 @@ class StagedPrefill:
         except (LlamaError, KeyError, ValueError, TypeError) as exc:
             self._fail("tokenize", "llama", str(exc))
             return None
-        ends = piece_offsets(session, pieces)
+        ends = TokenEnds.from_pieces(session, pieces)
         cuts: list[tuple[int, int]] = []  # (chars, tokens)
         points: list[int] = []
         if ends is not None:
             points = prompt_stages(prompt, self._config)
             for chars in sorted({*points, *extra_cuts}):
-                n = tokens_at(ends, chars)
+                n = ends.tokens_at(chars)
                 if n is not None and start_tokens < n < len(tokens) and chars >= self._config.block_chars:
                     cuts.append((chars, n))
         done = start_tokens
