@@ -135,3 +135,37 @@ class Action(StrEnum):
     DIRECT = "direct"  # the slot already holds the prefix (or nothing helps): forward pinned
     RESTORE = "restore"  # restore a snapshot into the slot first
     COMPUTE = "compute"  # nothing holds the prefix: compute it (and, later, snapshot it)
+
+
+@dataclass(frozen=True, slots=True)
+class HeadRecord:
+    """A head (the text before the first user message: tools and system prompt) the fleet built.
+
+    `blocks` is its whole-block chain and `n_chars` its length; comparing a new head's chain with the
+    heads of its family tells where the new one parts from what the fleet holds, even when no slot
+    holds those heads any more (pods restarted) and no snapshot of theirs is a prefix of the new one."""
+
+    blocks: tuple[str, ...]
+    n_chars: int
+    text_hash: str = ""  # `exact_text_hash` of the head: tells the same head from one parting in its tail
+
+
+@dataclass(frozen=True, slots=True)
+class DivergencePoint:
+    """A cut where heads of one family were seen to part: `chars` from the head's start (a safe token
+    cut), `from_end` the same place counted from that head's end, and `text_hash` the exact identity of
+    the text before it. Learned from traffic, so a layout no one foresaw (a date, a session id, an
+    environment block anywhere in the system prompt) is learned like any other."""
+
+    chars: int
+    from_end: int
+    text_hash: str
+
+
+@dataclass(frozen=True, slots=True)
+class HeadFamily:
+    """What the index knows of one family of heads (heads sharing their first block): the latest heads
+    built, newest first, and the divergence points learned between them, newest first."""
+
+    heads: tuple[HeadRecord, ...] = ()
+    points: tuple[DivergencePoint, ...] = ()

@@ -16,10 +16,22 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Protocol, runtime_checkable
 
-from llamafleet_core.types import Lookup, PromptTags, SlotRef, SnapshotRef
+from llamafleet_core.types import (
+    DivergencePoint,
+    HeadFamily,
+    HeadRecord,
+    Lookup,
+    PromptTags,
+    SlotRef,
+    SnapshotRef,
+)
 
 DEFAULT_SLOT_TTL_S = 3600.0  # a slot's content is overwritten within minutes when busy; an hour covers idle
-DEFAULT_SNAPSHOT_TTL_S = 86400.0  # agents and the operator re-record snapshots well within a day
+# A week: a snapshot serves the next working day's first session (yesterday's head, 24 h and a few
+# minutes later) and the day after; the agents' byte budget, not this, decides what stays on disk.
+DEFAULT_SNAPSHOT_TTL_S = 7 * 86400.0
+FAMILY_HEADS = 8  # heads kept per family, newest first
+FAMILY_POINTS = 16  # divergence points kept per family, newest first
 DEFAULT_PREFIX = "lf"
 
 
@@ -88,6 +100,19 @@ class PrefixIndex(Protocol):
         """
         ...
 
+    async def record_head(
+        self, model: str, family: str, head: HeadRecord, points: Sequence[DivergencePoint] = (),
+    ) -> None:
+        """The fleet built `head` of `family` (its first block's hash), and learned `points` where heads
+        of the family part. Both go first in their lists (a head or point seen again moves up); the
+        lists keep `FAMILY_HEADS` heads and `FAMILY_POINTS` points; the family lives as long as a
+        snapshot. Off the request path: called once per head built."""
+        ...
+
+    async def family(self, model: str, family: str) -> HeadFamily:
+        """The heads and divergence points recorded for `family`, newest first (empty when unknown)."""
+        ...
+
     async def ping(self) -> bool:
         """True when the backend answers; never raises."""
         ...
@@ -131,3 +156,16 @@ def check_snapshot(snap: SnapshotRef, blocks: Sequence[str]) -> SnapshotRef:
 def snapshot_order(snap: SnapshotRef) -> tuple[int, str, str]:
     """Lookup order: longest first, then by name and pod, so both implementations answer identically."""
     return (-snap.n_blocks, snap.name, snap.pod_uid)
+
+
+def merge_family(
+    old: HeadFamily, head: HeadRecord, points: Sequence[DivergencePoint],
+    *, max_heads: int = FAMILY_HEADS, max_points: int = FAMILY_POINTS,
+) -> HeadFamily:
+    """`old` with `head` and `points` put first (newest first, no duplicates), cut to the bounds: pure,
+    the in-memory index's `record_head` and the contract the Redis script keeps."""
+    new_points = tuple(dict.fromkeys(points))
+    return HeadFamily(
+        heads=(head, *(h for h in old.heads if h != head))[:max_heads],
+        points=(*new_points, *(p for p in old.points if p not in new_points))[:max_points],
+    )

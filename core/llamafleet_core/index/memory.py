@@ -15,14 +15,24 @@ from llamafleet_core.index.base import (
     DEFAULT_SLOT_TTL_S,
     DEFAULT_SNAPSHOT_TTL_S,
     check_snapshot,
+    merge_family,
     snapshot_order,
 )
-from llamafleet_core.types import Lookup, PromptTags, SlotRef, SnapshotRef
+from llamafleet_core.types import (
+    DivergencePoint,
+    HeadFamily,
+    HeadRecord,
+    Lookup,
+    PromptTags,
+    SlotRef,
+    SnapshotRef,
+)
 
 Clock = Callable[[], float]
 
 _SnapKey = tuple[str, str]  # (name, pod_uid)
 _MAX_REFS = 65_536
+_MAX_FAMILIES = 4_096  # past this, expired families are dropped (each holds at most a few heads' chains)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +110,7 @@ class InMemoryPrefixIndex:
         # Per pod, what it has in which model, so purge_pod costs O(its entries).
         self._pod_slots: dict[str, set[tuple[str, SlotRef]]] = {}
         self._pod_snaps: dict[str, set[tuple[str, _SnapKey]]] = {}
+        self._families: dict[tuple[str, str], tuple[HeadFamily, float]] = {}  # (model, family) -> deadline
 
     async def lookup(self, model: str, blocks: Sequence[str], tags: PromptTags | None = None) -> Lookup:
         if not blocks:
@@ -242,6 +253,21 @@ class InMemoryPrefixIndex:
         self._pod_slots.pop(pod_uid, None)
         self._pod_snaps.pop(pod_uid, None)
         return removed
+
+    async def record_head(
+        self, model: str, family: str, head: HeadRecord, points: Sequence[DivergencePoint] = (),
+    ) -> None:
+        now = self._clock()
+        if len(self._families) >= _MAX_FAMILIES:
+            self._families = {k: v for k, v in self._families.items() if v[1] > now}
+        merged = merge_family(await self.family(model, family), head, points)
+        self._families[(model, family)] = (merged, now + self.snapshot_ttl_s)
+
+    async def family(self, model: str, family: str) -> HeadFamily:
+        found = self._families.get((model, family))
+        if found is None or found[1] <= self._clock():
+            return HeadFamily()
+        return found[0]
 
     async def ping(self) -> bool:
         return True

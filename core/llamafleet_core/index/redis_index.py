@@ -43,12 +43,22 @@ from llamafleet_core.index.base import (
     DEFAULT_PREFIX,
     DEFAULT_SLOT_TTL_S,
     DEFAULT_SNAPSHOT_TTL_S,
+    FAMILY_HEADS,
+    FAMILY_POINTS,
     IndexUnavailable,
     check_snapshot,
     snapshot_order,
 )
 from llamafleet_core.index.resp import LuaScript, RespClient, RespError
-from llamafleet_core.types import Lookup, PromptTags, SlotRef, SnapshotRef
+from llamafleet_core.types import (
+    DivergencePoint,
+    HeadFamily,
+    HeadRecord,
+    Lookup,
+    PromptTags,
+    SlotRef,
+    SnapshotRef,
+)
 
 T = TypeVar("T")
 DEFAULT_OP_TIMEOUT_S = 1.0
@@ -58,6 +68,9 @@ _RECORD_SNAPSHOT = LuaScript(redis_lua.RECORD_SNAPSHOT)
 _FORGET_SNAPSHOT = LuaScript(redis_lua.FORGET_SNAPSHOT)
 _SNAPSHOTS = LuaScript(redis_lua.SNAPSHOTS)
 _PURGE_POD = LuaScript(redis_lua.PURGE_POD)
+_RECORD_HEAD = LuaScript(redis_lua.RECORD_HEAD)
+_FAMILY = LuaScript(redis_lua.FAMILY)
+_MAX_POINTS_PER_CALL = 98  # the script orders one call's points by score offsets below 99
 _ACQUIRE_LEASE = LuaScript(redis_lua.ACQUIRE_LEASE)
 _RELEASE_LEASE = LuaScript(redis_lua.RELEASE_LEASE)
 _MAX_CACHED = 65_536  # parsed slot keys and snapshot payloads kept per index (a fleet has fewer)
@@ -264,6 +277,28 @@ class RedisPrefixIndex(_RedisBase):
     async def purge_pod(self, pod_uid: str) -> int:
         removed = await self._call(lambda: self._client.run_script(_PURGE_POD, (), [self._pod_key(pod_uid)]))
         return int(removed)
+
+    def _family_keys(self, model: str, family: str) -> tuple[str, str]:
+        base = f"{self._base(model)}fam:{quote(family, safe='')}:"
+        return base + "heads", base + "points"
+
+    async def record_head(
+        self, model: str, family: str, head: HeadRecord, points: Sequence[DivergencePoint] = (),
+    ) -> None:
+        members = [json.dumps([p.chars, p.from_end, p.text_hash]) for p in dict.fromkeys(points)]
+        args: list[str | int] = [
+            *self._family_keys(model, family), _ms(self.snapshot_ttl_s), FAMILY_HEADS, FAMILY_POINTS,
+            json.dumps([head.n_chars, head.text_hash, list(head.blocks)]), *members[:_MAX_POINTS_PER_CALL],
+        ]
+        await self._call(lambda: self._client.run_script(_RECORD_HEAD, (), args))
+
+    async def family(self, model: str, family: str) -> HeadFamily:
+        keys = list(self._family_keys(model, family))
+        raw = await self._call(lambda: self._client.run_script(_FAMILY, (), keys))
+        heads = [json.loads(_text(r)) for r in raw[0]]
+        points = [json.loads(_text(r)) for r in raw[1]]
+        return HeadFamily(tuple(HeadRecord(tuple(b), int(n), str(h)) for n, h, b in heads),
+                          tuple(DivergencePoint(int(c), int(e), str(h)) for c, e, h in points))
 
 
 class RedisSlotLeases(_RedisBase):

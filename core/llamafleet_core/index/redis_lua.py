@@ -316,3 +316,28 @@ RELEASE_LEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """
+
+
+# ARGV: heads key, points key, ttl ms, max heads, max points, the head member, then the point members
+# (newest first). Each list is a ZSET scored by time (now * 100, minus the member's place in this call,
+# so one call's members keep their order): ZADD moves a member seen again to the front, and
+# ZREMRANGEBYRANK keeps the newest. The points live as long as the family's latest head.
+RECORD_HEAD = _PRELUDE + """
+local hkey, pkey, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local max_heads, max_points = tonumber(ARGV[4]), tonumber(ARGV[5])
+local score = now_ms() * 100
+redis.call('ZADD', hkey, score + 99, ARGV[6])
+redis.call('ZREMRANGEBYRANK', hkey, 0, -(max_heads + 1))
+redis.call('PEXPIRE', hkey, ttl)
+for i = 7, #ARGV do redis.call('ZADD', pkey, score + 98 - (i - 7), ARGV[i]) end
+if redis.call('EXISTS', pkey) == 1 then
+  redis.call('ZREMRANGEBYRANK', pkey, 0, -(max_points + 1))
+  redis.call('PEXPIRE', pkey, ttl)
+end
+return 1
+"""
+
+# ARGV: heads key, points key -> {heads newest first, points newest first}.
+FAMILY = """
+return {redis.call('ZREVRANGE', ARGV[1], 0, -1), redis.call('ZREVRANGE', ARGV[2], 0, -1)}
+"""

@@ -31,10 +31,12 @@ class SnapshotConfig:
     resync_interval_s: float = 0.25  # how often the gateway looks for pods to re-list without a request
     ship: bool = True  # copy a snapshot to a pod whose sessions want it, in the background (ship.py)
     prime_slots: int = 2  # idle slots of its pod a new session prefix is loaded into at once (prime.py)
+    learned_cuts: int = 4  # cuts a head's build saves from its family's divergence points (divergence.py)
 
     def __repr__(self) -> str:
         return (f"SnapshotConfig(token=***, block_chars={self.block_chars}, "
-                f"first_sight_min_chars={self.first_sight_min_chars}, stages={self.stages})")
+                f"first_sight_min_chars={self.first_sight_min_chars}, stages={self.stages}, "
+                f"learned_cuts={self.learned_cuts})")
 
     @property
     def min_gap(self) -> int:

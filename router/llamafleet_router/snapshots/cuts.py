@@ -98,7 +98,7 @@ class TokenEnds:
     (dashes, arrows, emoji in tool descriptions); counting in characters gave up on every one of them,
     so no stage snapshot was ever cut in a real client's prompt."""
 
-    __slots__ = ("_text", "_ends")
+    __slots__ = ("_ends", "_text")
 
     def __init__(self, text: str, byte_ends: Sequence[int]) -> None:
         self._text = text

@@ -14,9 +14,9 @@
      idle slot the gateway lends (`borrow`), from the same stage, and the request is forwarded at once
      (branch `restore_first_sight_detached`, `detached.DetachedBuilds`); without an idle slot it is
      built in place.
-     Divergence points: when some slot holds only the first k blocks of this session prefix (another
-     prompt parted from it there), a snapshot is also saved at the last safe cut at or before block k,
-     for the sessions that part there later.
+     Divergence points (divergence.py): where this head parts from the heads of its family the index
+     recorded, or from what some slot holds, a snapshot is also saved at the last safe cut before it,
+     for the sessions that part there later; and at the points the family learned before.
 `prepare` never raises (except cancellation): the index is a hint and the request must be served.
 """
 
@@ -31,14 +31,15 @@ from dataclasses import replace
 import httpx
 
 from llamafleet_core.index.base import PrefixIndex
-from llamafleet_core.types import Action, Lookup, SnapshotRef, exact_text_hash
+from llamafleet_core.types import Action, SnapshotRef, exact_text_hash
 from llamafleet_router.background import TaskSet
 from llamafleet_router.discovery.base import PodStatus
 from llamafleet_router.scheduling.framework import ANY_SLOT, Decision, SchedRequest
 from llamafleet_router.scheduling.speeds import SpeedBook
 from llamafleet_router.snapshots.base import SnapshotConfig, SnapshotMetrics
-from llamafleet_router.snapshots.cuts import divergence_point, held_stage
+from llamafleet_router.snapshots.cuts import held_stage
 from llamafleet_router.snapshots.detached import DETACH_MAX_TAIL_CHARS, BorrowSlot, DetachedBuilds
+from llamafleet_router.snapshots.families import HeadFamilies
 from llamafleet_router.snapshots.first_sight import Flights, Prompt, StagedPrefill, StageFlights, StageKeys
 from llamafleet_router.snapshots.prime import PrimedSlots, Primer
 from llamafleet_router.snapshots.restore import Restored, RestoreExecutor, RestoreFailure
@@ -66,6 +67,7 @@ class SnapshotFlow:
         self.resync = Resync(http=http, index=index, config=config, metrics=metrics)
         self.flights = Flights()
         self.stage_flights = StageFlights(self.flights, config)
+        self.families = HeadFamilies(index=index, tasks=tasks, config=config)
         self._known: dict[tuple[str, str], float] = {}
         self.primer = Primer(http=http, index=index, restorer=self.restorer, metrics=metrics, tasks=tasks,
                              slots=PrimedSlots())
@@ -146,7 +148,7 @@ class SnapshotFlow:
             return await self._wait(req, decision, flight, agents)
         self.metrics.first_sight.labels("leader").inc()
         started = time.perf_counter()
-        extra = self._divergence_cuts(prompt, lookup)
+        extra = await self.families.cuts_for(prompt, lookup)
         known = frozenset((s.text_hash, s.n_chars) for s in lookup.snapshots if s != failed)
         base = restored.snapshot if restored is not None else held_stage(
             prompt.text, prompt.session_chars, (decision.predicted_blocks + 1) * self.config.block_chars,
@@ -265,16 +267,6 @@ class SnapshotFlow:
                            branch="restore_failed")
         return replace(decision, action=Action.RESTORE, snapshot=outcome.snapshot,
                        predicted_blocks=ref.n_blocks, branch="first_sight_wait")
-
-    def _divergence_cuts(self, prompt: Prompt, lookup: Lookup) -> list[int]:
-        """A cut where this session prefix stops matching what some slot holds (see the docstring)."""
-        session_blocks = prompt.session_chars // self.config.block_chars
-        shared = [n for n in lookup.slots.values() if 0 < n < session_blocks]
-        if not shared:
-            return []
-        cut = divergence_point(prompt.text, max(shared) * self.config.block_chars,
-                               min_chars=self.config.first_sight_min_chars)
-        return [cut] if cut is not None else []
 
     def _is_known(self, key: tuple[str, str]) -> bool:
         deadline = self._known.get(key)
