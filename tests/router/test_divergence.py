@@ -87,3 +87,17 @@ def test_a_family_is_named_by_the_first_block() -> None:
     chain = block_chain(head(1), seed="m", block_chars=BC)
     assert family_of(chain) == chain[0] == family_of(block_chain(head(2), seed="m", block_chars=BC))
     assert family_of(()) is None
+
+
+def test_a_stage_the_head_still_extends_past_the_block_bound_is_the_point_and_no_cut_goes_before_it() -> None:
+    """Whole blocks place a parting only to the block: the date sits inside the block after the shared
+    ones, and yesterday's stage at the date's paragraph start, which today's head still extends, lies
+    past the cut the blocks give. That stage is the point learned, and nothing is saved before it."""
+    day1, day2 = head(1), head(2)
+    stage = day2.index("Conversation started")
+    blocks = block_chain(day2, seed="m", block_chars=BC)
+    bound = common_blocks(record(day1).blocks, record(day2).blocks) * BC
+    assert bound < stage  # the case the rule is for
+    learned = learned_cuts(day2, len(day2), blocks, HeadFamily(heads=(record(day1),)), (),
+                           block_chars=BC, min_chars=MIN, limit=4, held=(stage, len(day2) + 5))
+    assert learned.point is not None and learned.point.chars == stage and learned.cuts == ()

@@ -90,7 +90,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=Path("bench/results"))
     p.add_argument("--run-dir", type=Path, default=None, help="process logs (default runs/bench-<time>)")
     p.add_argument("--from-json", type=Path, default=None, help="re-render the outputs of an earlier run")
+    d = sub.add_parser("later-days", help="a real client's first session and later days against plain")
+    d.add_argument("--models", default="dense,hybrid", help="comma-separated: dense, hybrid (tiny models)")
+    d.add_argument("--out", type=Path, default=Path("bench/results"))
+    d.add_argument("--run-dir", type=Path, default=None, help="process logs (default runs/later-days-<time>)")
     args = parser.parse_args(args_in)
+    if args.command == "later-days":
+        from llamafleet_local.bench import later_days
+
+        models = tuple(f"tiny-{m.strip()}" for m in args.models.split(",") if m.strip())
+        run_dir = (args.run_dir or Path("runs") / time.strftime("later-days-%Y%m%d-%H%M%S")).resolve()
+        say(f"run folder {run_dir}")
+        raw = later_days.main(models, args.out, run_dir, say)
+        print(json.dumps(raw["ratios"], indent=2))
+        return 0
     if args.from_json is not None:
         raw = json.loads(args.from_json.read_text())
         print(write(raw, args.out))

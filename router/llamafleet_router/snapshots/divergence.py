@@ -55,12 +55,15 @@ def head_record(text: str, head_chars: int, blocks: tuple[str, ...], block_chars
 
 def learned_cuts(
     text: str, head_chars: int, blocks: tuple[str, ...], family: HeadFamily, slot_runs: Iterable[int],
-    *, block_chars: int, min_chars: int, limit: int,
+    *, block_chars: int, min_chars: int, limit: int, held: Iterable[int] = (),
 ) -> LearnedCuts:
     """The cuts for a head of `text[:head_chars]` learned from its family and from what slots hold.
 
-    `slot_runs`: how many leading blocks of the prompt each slot holds (`Lookup.slots.values()`). At
-    most `limit` cuts; the one where this head parts from a held head comes first."""
+    `slot_runs`: how many leading blocks of the prompt each slot holds (`Lookup.slots.values()`).
+    `held`: lengths of exact prefixes of this text that snapshots hold (stages it extends): whole
+    blocks place a parting only to the block, so a stage past that bound that this head still extends
+    is where it parts at the latest known, and neither a cut nor a point goes before it. At most
+    `limit` cuts; the one where this head parts from a held head comes first."""
     head = head_record(text, head_chars, blocks, block_chars)
     n_blocks = len(head.blocks)
     shared = [common_blocks(head.blocks, h.blocks) for h in family.heads if h.text_hash != head.text_hash]
@@ -68,16 +71,19 @@ def learned_cuts(
     cuts: list[int] = []
     point: DivergencePoint | None = None
     if shared and max(shared) > 0:
-        cut = divergence_point(text, max(shared) * block_chars, min_chars=min_chars)
-        if cut is not None and cut < head_chars:
-            cuts.append(cut)
-            point = DivergencePoint(cut, head_chars - cut, exact_text_hash(text[:cut]))
+        cut = divergence_point(text, max(shared) * block_chars, min_chars=min_chars) or 0
+        proven = max((n for n in held if n < head_chars), default=0)
+        at = max(cut, proven)
+        if min_chars <= at < head_chars:
+            if at > proven:  # a stage already holds `proven`: nothing to save there
+                cuts.append(at)
+            point = DivergencePoint(at, head_chars - at, exact_text_hash(text[:at]))
     for known in family.points:
         if len(cuts) >= limit:
             break
-        cut = _place(text, head_chars, known, min_chars)
-        if cut is not None and cut not in cuts:
-            cuts.append(cut)
+        placed = _place(text, head_chars, known, min_chars)
+        if placed is not None and placed not in cuts:
+            cuts.append(placed)
     return LearnedCuts(tuple(sorted(cuts[:limit])), point)
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 
 from llamafleet_core.index.base import PrefixIndex
-from llamafleet_core.types import DivergencePoint, HeadFamily, HeadRecord, Lookup
+from llamafleet_core.types import DivergencePoint, HeadFamily, HeadRecord, Lookup, SnapshotRef
 from llamafleet_router.background import TaskSet
 from llamafleet_router.snapshots.base import SnapshotConfig
 from llamafleet_router.snapshots.divergence import family_of, head_record, learned_cuts
@@ -26,9 +26,12 @@ class HeadFamilies:
         self._tasks = tasks
         self._config = config
 
-    async def cuts_for(self, prompt: Prompt, lookup: Lookup) -> list[int]:
+    async def cuts_for(
+        self, prompt: Prompt, lookup: Lookup, restored: SnapshotRef | None = None,
+    ) -> list[int]:
         """The learned cuts the build of `prompt`'s head saves beyond its stage points; records the head
-        in its family, with the divergence point it parts at, in the background."""
+        in its family, with the divergence point it parts at, in the background. `restored`: the stage
+        the request's slot resumes from, if any."""
         family_key = family_of(prompt.blocks)
         if family_key is None:
             return []
@@ -36,7 +39,8 @@ class HeadFamilies:
         config = self._config
         learned = learned_cuts(
             prompt.text, prompt.session_chars, prompt.blocks, family, lookup.slots.values(),
-            block_chars=config.block_chars, min_chars=config.first_sight_min_chars, limit=config.learned_cuts)
+            block_chars=config.block_chars, min_chars=config.first_sight_min_chars, limit=config.learned_cuts,
+            held=_held(prompt, lookup, restored))
         head = head_record(prompt.text, prompt.session_chars, prompt.blocks, config.block_chars)
         points = (learned.point,) if learned.point is not None else ()
         if learned.point is not None:
@@ -59,3 +63,10 @@ class HeadFamilies:
             await self._index.record_head(model, family_key, head, points)
         except Exception as exc:
             log.info("recording a head family failed", extra={"error": str(exc)})
+
+
+def _held(prompt: Prompt, lookup: Lookup, restored: SnapshotRef | None) -> list[int]:
+    """Lengths of the exact prefixes of the prompt's head that snapshots hold (its stages)."""
+    snaps = [*lookup.snapshots, *((restored,) if restored is not None else ())]
+    return [s.n_chars for s in snaps
+            if s.text_hash and s.n_chars < prompt.session_chars and s.extended_by(prompt.text)]

@@ -148,7 +148,7 @@ class SnapshotFlow:
             return await self._wait(req, decision, flight, agents)
         self.metrics.first_sight.labels("leader").inc()
         started = time.perf_counter()
-        extra = await self.families.cuts_for(prompt, lookup)
+        extra = await self.families.cuts_for(prompt, lookup, restored.snapshot if restored else None)
         known = frozenset((s.text_hash, s.n_chars) for s in lookup.snapshots if s != failed)
         base = restored.snapshot if restored is not None else held_stage(
             prompt.text, prompt.session_chars, (decision.predicted_blocks + 1) * self.config.block_chars,
