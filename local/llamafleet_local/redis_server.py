@@ -13,6 +13,7 @@ import shutil
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -79,26 +80,40 @@ def _ping(port: int) -> bool:
 
 @dataclass
 class RedisServer:
-    """One redis-server process; `start()` again after `stop()` reuses the same port."""
+    """One redis-server process; `start()` again after `stop()` reuses the same port.
+
+    `preexec`: run in the child before exec instead of just starting a new session (it must start one
+    itself); `llamafleet up` passes the death signal its other children get (`up/procs.py`)."""
 
     workdir: Path
     port: int = field(default_factory=free_port)
     binary: str = field(default_factory=find_redis_server)
     proc: subprocess.Popen[bytes] | None = None
+    preexec: Callable[[], None] | None = None
 
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self, timeout: float = 10.0) -> RedisServer:
+        self.spawn()
+        return self.wait_ready(timeout)
+
+    def spawn(self) -> None:
+        """Start the process and return at once. A caller whose death signal follows the forking
+        thread (`preexec`) calls this from the thread that outlives the server, then `wait_ready`."""
         self.workdir.mkdir(parents=True, exist_ok=True)
-        log = (self.workdir / "redis.log").open("ab")
-        self.proc = subprocess.Popen(
-            [self.binary, "--bind", "127.0.0.1", "--port", str(self.port), "--save", "",
-             "--appendonly", "no", "--dir", str(self.workdir), "--protected-mode", "no"],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        )
-        log.close()
+        with (self.workdir / "redis.log").open("ab") as log:
+            self.proc = subprocess.Popen(
+                [self.binary, "--bind", "127.0.0.1", "--port", str(self.port), "--save", "",
+                 "--appendonly", "no", "--dir", str(self.workdir), "--protected-mode", "no"],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=self.preexec is None, preexec_fn=self.preexec,
+            )
+
+    def wait_ready(self, timeout: float = 10.0) -> RedisServer:
+        """Block until it answers PING (stopping it and raising when it exits or time runs out)."""
+        assert self.proc is not None, "spawn() first"
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

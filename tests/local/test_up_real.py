@@ -4,23 +4,17 @@ signals are real. One small fleet (2 pods x 2 slots, tiny dense model, a prefix 
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 
 from llamafleet_core import podspec
-from llamafleet_local.redis_server import free_port
 from llamafleet_local.up import load_fleet
+from tests.local.up_bed import Up, alive, describe, fleet_yaml, start_up, strays, wait_health
 
 pytestmark = [pytest.mark.llama, pytest.mark.redis]
 
@@ -28,100 +22,15 @@ SYSTEM = " ".join(
     f"Rule {i}: keep answers short, cite files by path, and never guess a number." for i in range(60))
 
 
-def fleet_yaml(binary: Path) -> str:
-    return f"""\
-apiVersion: llamafleet.io/v1alpha1
-kind: LlamaFleet
-metadata: {{name: t}}
-spec:
-  model: {{name: tiny-dense, file: tiny-dense.gguf, source: {{hostPath: /models}}}}
-  image: local
-  replicas: 2
-  slots: 2
-  contextPerSlot: 4096
-local:
-  model: tiny-dense
-  threads: 1
-  llamaServer: {binary}
----
-apiVersion: llamafleet.io/v1alpha1
-kind: SharedPrefix
-metadata: {{name: rules}}
-spec:
-  fleetRef: {{name: t}}
-  messages: [{{role: system, content: {json.dumps(SYSTEM)}}}]
-"""
-
-
-@dataclass
-class Up:
-    proc: subprocess.Popen[bytes]
-    url: str
-    run_dir: Path
-    config_path: Path
-
-    def state(self) -> dict[str, Any]:
-        state: dict[str, Any] = json.loads((self.run_dir / "state.json").read_text())
-        return state
-
-    def pids(self) -> list[int]:
-        state = self.state()
-        return [p["pid"] for p in state["processes"]] + [state["redis"]["pid"]]
-
-
-def wait_health(
-    http: httpx.Client, url: str, timeout: float, want: int = 200,
-) -> tuple[list[int], dict[str, Any]]:
-    """Poll /health until it answers `want`; returns every status seen on the way and the last body."""
-    seen: list[int] = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            resp = http.get(url + "/health")
-        except httpx.HTTPError:
-            time.sleep(0.05)
-            continue
-        seen.append(resp.status_code)
-        if resp.status_code == want:
-            return seen, resp.json()
-        time.sleep(0.05)
-    raise AssertionError(f"/health never answered {want} within {timeout}s (saw {sorted(set(seen))})")
-
-
-def strays(run_dir: Path) -> list[str]:
-    """Processes whose command line mentions the run folder (every child's does: logs, snapshots)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if str(run_dir) in cmdline:
-            found.append(f"{entry.name}: {cmdline}")
-    return found
-
-
 @pytest.fixture
 def up(tmp_path: Path, llama_server_bin: Path) -> Iterator[Up]:
     config_path = tmp_path / "fleet.yaml"
-    config_path.write_text(fleet_yaml(llama_server_bin))
-    port, run_dir = free_port(), tmp_path / "run"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "llamafleet_local.cli", "up", "-f", str(config_path), "--port", str(port),
-         "--run-dir", str(run_dir)], stdout=subprocess.PIPE, stderr=(tmp_path / "up.stderr").open("wb"),
-    )
+    config_path.write_text(fleet_yaml(llama_server_bin, prefix=SYSTEM))
+    running = start_up(tmp_path, config_path, "run")
     try:
-        yield Up(proc, f"http://127.0.0.1:{port}", run_dir, config_path)
+        yield running
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        running.terminate()
 
 
 def test_up_is_healthy_only_when_warm_serves_the_prefix_and_stops_clean(
@@ -164,15 +73,15 @@ def test_up_is_healthy_only_when_warm_serves_the_prefix_and_stops_clean(
         pod = proc["name"].split()[0]
         expected = podspec.llama_server_args(
             spec, model_path=argv[argv.index("-m") + 1], port=port,
-            slot_save_path=str(up.run_dir / "snapshots" / pod), host="127.0.0.1")
+            slot_save_path=str(up.run_dir.parent / "state" / "snapshots" / pod), host="127.0.0.1")
         assert argv == [str(llama_server_bin), *expected]
 
     pids = up.pids()
     up.proc.send_signal(signal.SIGTERM)
     assert up.proc.wait(timeout=60) == 0
-    alive = [pid for pid in pids if _alive(pid)]
-    assert not alive, f"still running after SIGTERM: {alive}"
-    assert not strays(up.run_dir)
+    alive_after = [pid for pid in pids if alive(pid)]
+    assert not alive_after, f"still running after SIGTERM: {describe(alive_after)}"
+    assert not strays(up.run_dir.parent)
 
 
 def test_up_restarts_and_rewarms_a_pod_whose_server_died(up: Up) -> None:
@@ -188,16 +97,5 @@ def test_up_restarts_and_rewarms_a_pod_whose_server_died(up: Up) -> None:
     assert fleet["restarts"] == 1 and fleet["shared_prefixes"]["rules"]["warm"] == 2
     restarted = next(p for p in up.state()["processes"] if p["name"] == "t-1 llama-server")
     assert restarted["pid"] != victim["pid"] and restarted["argv"] == victim["argv"]
-    assert "exited with code" in (up.run_dir.parent / "up.stderr").read_text()
+    assert "exited with code" in up.stderr.read_text()
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie is dead but not yet reaped by its parent; it holds nothing.
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False

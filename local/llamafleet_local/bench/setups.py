@@ -113,9 +113,10 @@ class Fleet:
 
     name = "llamafleet"
 
-    def __init__(self, config: FleetConfig, run_dir: Path) -> None:
-        self.fleet = LocalFleet(config, UpOptions(port=0, index="memory", run_dir=run_dir, restart=False),
-                                Reporter(io.StringIO()))
+    def __init__(self, config: FleetConfig, run_dir: Path, state_dir: Path | None = None) -> None:
+        """`state_dir`: where the pods keep their snapshots (default: the run folder, a cold start)."""
+        options = UpOptions(port=0, index="memory", run_dir=run_dir, restart=False, state_dir=state_dir)
+        self.fleet = LocalFleet(config, options, Reporter(io.StringIO()))
         self.url = ""
         self.snapshots_enabled_here = False
         self.gateway_log = run_dir / "gateway.log"  # the in-process gateway's JSON log

@@ -5,7 +5,10 @@
 - `pods`, `procs`: the processes, with the operator's exact command lines (`llamafleet_core.podspec`);
 - `gateway`: the router app in-process, its `/health` gated on "every pod up, every prefix warm";
 - `runtime.LocalFleet`: the programmatic API (`async with LocalFleet(config, options) as fleet`);
-- `supervise`: restarts and re-warms a pod whose process died; `progress`: what the terminal shows;
+- `supervise`: warms the SharedPrefixes, restarts and re-warms a pod whose process died; `progress`:
+  what the terminal shows;
+- `state`: the state folder, where the pods' snapshots outlive the run (one `up` at a time);
+- `shutdown`: the stop, each step bounded, so nothing outlives a SIGTERM by more than seconds;
 - `cli.main`: the command.
 """
 

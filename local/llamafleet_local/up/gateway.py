@@ -30,6 +30,8 @@ from llamafleet_router.logs import JsonFormatter
 from llamafleet_router.settings import RouterSettings
 
 _LOGGERS = ("llamafleet_router", "uvicorn", "uvicorn.error", "uvicorn.access")
+CONNECTIONS_GRACE_S = 1  # uvicorn takes whole seconds
+SHUTDOWN_S = 2.0  # then uvicorn is forced out (within `shutdown.GATEWAY_S`, which bounds the whole step)
 
 
 @dataclass
@@ -51,6 +53,11 @@ def open_index(redis_url: str | None) -> Index:
     # One client for both: its fail-fast timeouts are what the router relies on in degraded mode.
     client = connect_index(redis_url)
     return Index(RedisPrefixIndex(client), RedisSlotLeases(client), redis_url)
+
+
+async def close_index(index: Index | None) -> None:
+    if index is not None:
+        await index.index.close()
 
 
 def log_to_file(path: Path) -> logging.Handler:
@@ -122,6 +129,12 @@ def serve(
     app: Starlette, sock: socket.socket, startup_timeout: float = 15.0
 ) -> contextlib.AbstractAsyncContextManager[str]:
     """Serve `app` with uvicorn on the bound socket (the gateway's own serve loop, without uvicorn's
-    signal handlers); yields the base URL, stops it on exit."""
+    signal handlers); yields the base URL, stops it on exit.
+
+    The stop is short on purpose (`up` must be gone within 10 s of a SIGTERM, `shutdown.py`): open
+    connections get `CONNECTIONS_GRACE_S`, and the whole shutdown `SHUTDOWN_S`, after which uvicorn is
+    forced out. The app's lifespan shutdown alone may otherwise take 10 s and more: it drains the
+    gateway's background tasks (restores, copies, primes), which after a pod restart may be waiting on
+    that pod. What it leaves running is cancelled when `up`'s event loop closes (`cli.run_bounded`)."""
     return inprocess.serve(app, startup_timeout=startup_timeout, sock=sock, server_cls=_QuietServer,
-                           graceful_shutdown=5)
+                           graceful_shutdown=CONNECTIONS_GRACE_S, shutdown_timeout=SHUTDOWN_S)

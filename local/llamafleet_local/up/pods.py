@@ -24,6 +24,7 @@ from llamafleet_core.crd.fleet import LlamaFleetSpec
 from llamafleet_core.features import ServerFeatures
 from llamafleet_local.redis_server import free_port
 from llamafleet_local.up.procs import Child
+from llamafleet_local.up.state import pod_snapshot_dir
 
 HOST = "127.0.0.1"
 
@@ -31,7 +32,8 @@ HOST = "127.0.0.1"
 @dataclass(frozen=True)
 class PodLayout:
     """Where one replica lives: its name, loopback ports and folders (fixed for the life of the run,
-    so a restarted pod comes back at the same URLs and finds its snapshot folder)."""
+    so a restarted pod comes back at the same URLs and finds its snapshot folder; the snapshot folder,
+    in the state folder, also outlives the run: `state.py`)."""
 
     name: str
     server_port: int
@@ -48,9 +50,12 @@ class PodLayout:
         return f"http://{HOST}:{self.agent_port}"
 
 
-def layout(fleet: str, index: int, run_dir: Path) -> PodLayout:
+def layout(fleet: str, index: int, run_dir: Path, state_dir: Path | None = None) -> PodLayout:
+    """Pod `index` of `fleet`: its logs in `run_dir`, its snapshots under `state_dir` (default: the run
+    folder, which nothing outlives). The name, `<fleet>-<index>`, is the same in every run, so a pod
+    finds the folder it filled in an earlier run."""
     name = f"{fleet}-{index}"
-    return PodLayout(name, free_port(), free_port(), run_dir / "snapshots" / name, run_dir)
+    return PodLayout(name, free_port(), free_port(), pod_snapshot_dir(state_dir or run_dir, name), run_dir)
 
 
 def attach(spec: LlamaFleetSpec, features: ServerFeatures | None) -> bool:
@@ -127,9 +132,10 @@ class LocalPod:
         self.ready = False
         self.layout.snapshot_dir.mkdir(parents=True, exist_ok=True)
         # The agent keeps its declaration in the folder, so that a restarted container is ready again
-        # where no warmer is around. Here `up` is the warmer: a declaration left from before a restart
-        # (or by an earlier run in this folder) is withdrawn, and the pod becomes routable only once
-        # this run has warmed it (verified its snapshots, registered them in the index) and declared.
+        # where no warmer is around. Here `up` is the warmer: a declaration left from before a restart,
+        # or by an earlier run (the state folder outlives runs, and its SharedPrefixes may have changed
+        # since), is withdrawn, and the pod becomes routable only once this run has warmed it (verified
+        # its snapshots, registered them in the index) and declared what it must hold now.
         (self.layout.snapshot_dir / REQUIRED_FILE).unlink(missing_ok=True)
         self.server.start()
         await self.server.wait_http(self.layout.llama_url + "/health", http, timeout)
@@ -158,7 +164,7 @@ class LocalPod:
             return False
         return bool(body.get("model_digest"))
 
-    async def stop(self) -> None:
+    async def stop(self, grace: float = 10.0, kill_wait: float = 10.0) -> None:
         self.ready = False
         for child in self.children:
-            await child.stop()
+            await child.stop(grace, kill_wait)

@@ -2,9 +2,11 @@
 
 Why a process group per child: a signal to the group also reaches anything the child spawned, and
 Ctrl-C in the terminal reaches only `up`, which then stops the children in order (gateway first, so no
-request is sent to a pod being stopped). On Linux each child also gets `PR_SET_PDEATHSIG`, so even a
-`kill -9` of `up` leaves no llama-server behind. Children are started from the event loop's thread:
-the death signal fires when the *thread* that forked them exits, so never start them from a worker thread.
+request is sent to a pod being stopped). On Linux every child `up` starts (llama-servers, agents, the
+embedded redis-server) also gets `PR_SET_PDEATHSIG` from `dying_with_parent`, so even a `kill -9` of
+`up` leaves none behind. Children are started from the event loop's thread: the death signal fires
+when the *thread* that forked them exits, so never start one from `asyncio.to_thread` or an executor
+(a worker thread may end long before `up` does).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,11 +37,27 @@ def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
-def _new_group_dying_with_parent() -> None:  # runs in the child between fork and exec
-    os.setsid()
+def dying_with_parent() -> Callable[[], None]:
+    """A `preexec_fn`: the child gets a session of its own and SIGTERM when the calling thread ends.
+
+    prctl is looked up here, in the parent: the child runs between fork and exec, where loading
+    anything could deadlock on a lock another thread of the parent held at the fork. A parent that died
+    before the child's prctl would never send the signal, so the child then exits at once (its parent
+    has changed: it was reparented)."""
+    parent = os.getpid()
+    prctl = None
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+            prctl = ctypes.CDLL(None, use_errno=True).prctl
+
+    def preexec() -> None:
+        os.setsid()
+        if prctl is not None:
+            prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+            if os.getppid() != parent:
+                os._exit(1)
+
+    return preexec
 
 
 class ChildFailed(RuntimeError):
@@ -77,7 +95,7 @@ class Child:
             out.flush()
             self.proc = subprocess.Popen(
                 self.argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env={**os.environ, **self.env}, preexec_fn=_new_group_dying_with_parent,
+                env={**os.environ, **self.env}, preexec_fn=dying_with_parent(),
             )
         self.started_at = time.monotonic()
 
@@ -89,8 +107,9 @@ class Child:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.proc.pid, sig)  # its own session: the group id is its pid
 
-    async def stop(self, grace: float = 10.0) -> None:
-        """SIGTERM to the group, SIGKILL after `grace` seconds; always reaps. Safe to call twice."""
+    async def stop(self, grace: float = 10.0, kill_wait: float = 10.0) -> None:
+        """SIGTERM to the group, SIGKILL after `grace` seconds, then up to `kill_wait` seconds for the
+        kernel to reap it. Safe to call twice."""
         proc = self.proc
         if proc is None:
             return
@@ -98,10 +117,15 @@ class Child:
             self._signal_group(signal.SIGTERM)
             if not await _wait_exit(proc, grace):
                 self._signal_group(signal.SIGKILL)
-                await _wait_exit(proc, 10.0)
+                await _wait_exit(proc, kill_wait)
         # Anything left in its group (a grandchild that ignored SIGTERM) goes too.
         self._signal_group(signal.SIGKILL)
         self.proc = None
+
+    def kill(self) -> None:
+        """SIGKILL to the group now, without waiting: the last resort of a stop that ran out of time."""
+        if self.running:
+            self._signal_group(signal.SIGKILL)
 
     async def wait_http(self, url: str, http: httpx.AsyncClient, timeout: float) -> None:
         """Until `GET url` answers 200; raises ChildFailed if the process exits or time runs out."""

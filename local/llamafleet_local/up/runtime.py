@@ -5,9 +5,11 @@
         ... requests to fleet.gateway_url ...
 
 Start order: the index, then the gateway (so `/health` answers 503 while the fleet comes up, instead of
-refusing connections), then the pods, then warming. Stop order is the reverse, gateway first, so no
-request is sent to a pod being stopped. Everything started is recorded in `state.json` of the run folder
-(pids and exact argv), which is what a test checks for strays.
+refusing connections), then the pods, then warming. The gateway stops first, so no request is sent to
+a pod being stopped, then the pods, then the index; each step is bounded (`shutdown.py`). Everything
+started is recorded in `state.json` of the run folder (pids and exact argv), which is what a test checks
+for strays. The pods' snapshot folders live in the state folder (`state.py`): the run folder unless
+`UpOptions` asks for one that outlives the run, as the `up` command does.
 """
 
 from __future__ import annotations
@@ -26,15 +28,19 @@ from typing import Any
 import httpx
 
 from llamafleet_core.agent_client import AgentClient
-from llamafleet_core.warming import PodWarmState, PrefixSource, WarmError, WarmPod, warm_shared_prefix
+from llamafleet_core.warming import PrefixSource, WarmPod
 from llamafleet_local.redis_server import RedisServer
 from llamafleet_local.up import gateway as gw
+from llamafleet_local.up import shutdown
 from llamafleet_local.up.config import FleetConfig
 from llamafleet_local.up.pods import LocalPod, layout
 from llamafleet_local.up.pods import attach as pod_attach
+from llamafleet_local.up.procs import dying_with_parent
 from llamafleet_local.up.progress import FleetProgress, PrefixProgress, Reporter
 from llamafleet_local.up.resolve import Resolved, resolve
-from llamafleet_local.up.supervise import missing_prefixes, supervise
+from llamafleet_local.up.shutdown import Step, run_steps
+from llamafleet_local.up.state import StateLock, open_state
+from llamafleet_local.up.supervise import missing_prefixes, require_all, supervise, warm_prefix
 
 EMBEDDED = "embedded"
 
@@ -48,6 +54,11 @@ class UpOptions:
     max_restarts: int = 3  # per pod; beyond that the fleet gives up (exit non-zero)
     restart_delay: float = 0.0  # seconds a dead pod stays down before it is started again
     pod_timeout: float = 180.0  # seconds for one pod to load its model and answer
+    # Where the pods keep their snapshots (`state.py`): `state_dir` when given; else, with
+    # `keep_snapshots` (the `up` command's default), `<cache>/state/<fleet>-<model digest>`, which
+    # outlives the run; else the run folder, so an embedding run (tests, benchmarks) starts cold.
+    keep_snapshots: bool = False
+    state_dir: Path | None = None
 
 
 def default_run_dir(base: Path) -> Path:
@@ -76,6 +87,8 @@ class LocalFleet:
         self._ready = asyncio.Event()
         self._log_handler: Any = None
         self.resolved: Resolved | None = None
+        self.state_dir: Path | None = None  # known once the model is (its digest names the folder)
+        self._state_lock: StateLock | None = None
 
     # --- lifecycle -------------------------------------------------------------------------------
 
@@ -111,9 +124,17 @@ class LocalFleet:
             out.write(self.agent_token)
         self.reporter.say(f"run folder {self.run_dir}")
         self.resolved = await asyncio.to_thread(resolve, self.config, self.reporter.say)
-        # Ports are chosen before the gateway starts, so that it can be told its pods.
-        layouts = [layout(self.config.name, i, self.run_dir) for i in range(self.config.fleet.spec.replicas)]
         res = self.resolved
+        opts = self.options
+        self._state_lock = await open_state(self.config.name, res.model, self.run_dir,
+                                            state_dir=opts.state_dir, keep=opts.keep_snapshots,
+                                            digest=res.spec.model.sha256)
+        self.state_dir = self._state_lock.state_dir
+        if self.state_dir != self.run_dir:
+            self.reporter.say(f"state folder {self.state_dir} (the pods' snapshots, kept from run to run)")
+        # Ports are chosen before the gateway starts, so that it can be told its pods.
+        layouts = [layout(self.config.name, i, self.run_dir, self.state_dir)
+                   for i in range(self.config.fleet.spec.replicas)]
         self.pods = [
             LocalPod.build(lay, binary=res.binary, spec=res.spec, model=res.model, fleet=self.config.name,
                            token_file=self.token_file, features=res.features)
@@ -125,16 +146,18 @@ class LocalFleet:
         await asyncio.gather(*(self._start_pod(pod) for pod in self.pods))
         self.write_state()
         for prefix in self.config.prefixes:
-            await self._warm(prefix.metadata.name, PrefixSource.from_spec(
+            await warm_prefix(self, prefix.metadata.name, PrefixSource.from_spec(
                 prefix.metadata.name, prefix.spec, self.model), pin=prefix.spec.pin)
-        await self._require_all()
+        await require_all(self)
         self._check_ready()
 
     async def _start_index(self) -> None:
         choice = self.options.index
         if choice == EMBEDDED:
-            self.redis = RedisServer(workdir=self.run_dir)
-            await asyncio.to_thread(self.redis.start)
+            # Spawned here, on the event loop's thread, so its death signal follows `up` (`procs.py`).
+            self.redis = RedisServer(workdir=self.run_dir, preexec=dying_with_parent())
+            self.redis.spawn()
+            await asyncio.to_thread(self.redis.wait_ready)
             url: str | None = self.redis.url
         elif choice == "memory":
             url = None
@@ -162,27 +185,41 @@ class LocalFleet:
         self.report()
 
     async def stop(self) -> None:
-        """Stop everything this fleet started, gateway first. Idempotent."""
+        """Stop everything this fleet started, gateway first; idempotent. Each step is bounded and runs
+        even when the one before failed or ran out of time (`shutdown.py`)."""
         self._ready.clear()
-        await self._stack.aclose()
-        await asyncio.gather(*(pod.stop() for pod in self.pods), return_exceptions=True)
+        index, redis, self.index, self.redis = self.index, self.redis, None, None
+        await run_steps([
+            Step("the gateway", self._stack.aclose, shutdown.GATEWAY_S),
+            Step("the pods", lambda: shutdown.stop_pods(self.pods), shutdown.PODS_S),
+            Step("the index client", lambda: gw.close_index(index), shutdown.SMALL_S),
+            Step("redis-server", lambda: shutdown.stop_redis(redis), shutdown.SMALL_S),
+            Step("the HTTP client", self.http.aclose, shutdown.SMALL_S),
+        ], self.reporter.say)
+        shutdown.kill_left(self.pods)
         self.progress.pods_up.clear()
-        if self.index is not None:
-            with contextlib.suppress(Exception):
-                await self.index.index.close()
-            self.index = None
-        if self.redis is not None:
-            await asyncio.to_thread(self.redis.stop)
-            self.redis = None
-        await self.http.aclose()
+        if self._state_lock is not None:  # only now: until the pods are gone they write in the folder
+            self._state_lock.release()
+            self._state_lock = None
         if self._log_handler is not None:
             gw.detach_log(self._log_handler)
             self._log_handler = None
 
     async def run_until(self, stop: asyncio.Event) -> None:
         """Keep the fleet whole until `stop` is set: restart and re-warm pods whose process died
-        (`supervise`); raises `FleetFailed` when a pod cannot be kept up."""
-        await supervise(self, stop)
+        (`supervise`); raises `FleetFailed` when a pod cannot be kept up. A restart or a warming under
+        way when `stop` is set is cancelled, not waited for (it may take the whole pod timeout)."""
+        keeping = asyncio.create_task(supervise(self, stop), name="supervise")
+        stopping = asyncio.create_task(stop.wait(), name="stop")
+        try:
+            await asyncio.wait({keeping, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+            if not keeping.done():
+                keeping.cancel()
+                await asyncio.wait({keeping}, timeout=shutdown.CANCELLED_S)
+        if keeping.done() and not keeping.cancelled():
+            keeping.result()  # FleetFailed
 
     # --- readiness -------------------------------------------------------------------------------
 
@@ -190,6 +227,7 @@ class LocalFleet:
         """The gateway's extra `/health` condition: every pod up and every SharedPrefix warm everywhere."""
         summary = self.progress.summary()
         summary["run_dir"] = str(self.run_dir)
+        summary["state_dir"] = str(self.state_dir) if self.state_dir else None
         return self.progress.ready, summary
 
     @property
@@ -228,49 +266,6 @@ class LocalFleet:
         return [WarmPod(p.name, p.layout.llama_url, p.layout.llama_url, p.layout.agent_url)
                 for p in self.pods]
 
-    def _on_state(self, track: PrefixProgress) -> Any:
-        def update(state: PodWarmState) -> None:
-            track.pods[state.pod] = PodWarmState(state.pod, state.state, state.tokens, state.bytes,
-                                                 state.seconds, state.message)
-            self.report()
-        return update
-
-    async def _warm(self, name: str, source: PrefixSource, *, pin: bool) -> None:
-        assert self.index is not None
-        track = self.progress.prefixes.setdefault(name, PrefixProgress(name))
-        track.started, track.finished, track.error = time.monotonic(), None, ""
-        self.sources[name] = source
-        self.report()
-        try:
-            result = await warm_shared_prefix(
-                source, self.warm_pods(), http=self.http, agent_token=self.agent_token,
-                index=self.index.index, pin=pin, progress=self._on_state(track))
-        except WarmError as exc:
-            track.error = str(exc)
-            track.finished = time.monotonic()
-            self.report()
-            raise
-        self.results[name] = result
-        track.finished = time.monotonic()
-        for state in result.pods:
-            if state.state == "failed":
-                self.reporter.say(f"prefix {name}: pod {state.pod} failed: {state.message}")
-        self.report()
-
-    async def _require_all(self) -> None:
-        """Declare every pod that holds each SharedPrefix the fleet has. One that missed a prefix
-        another pod holds (its pull failed) stays unroutable, as after a restart: `supervise` warms it
-        again (its first pass retries soon) and declares it then."""
-        for pod in self.pods:
-            if missing := self.missing_on(pod):
-                pod.ready = False
-                self.progress.pods_up.discard(pod.name)
-                self.reporter.say(f"{pod.name} is NOT routable: prefix {', '.join(missing)} not warm on it; "
-                                  "warming it again shortly")
-                continue
-            await self.require(pod)
-        self.report()
-
     def missing_on(self, pod: LocalPod) -> list[str]:
         """SharedPrefixes `pod` must still get before it is routed to (`supervise.missing_prefixes`)."""
         return missing_prefixes(self.results, pod.name)
@@ -293,6 +288,7 @@ class LocalFleet:
         state = {
             "pid": os.getpid(),
             "gateway": self.gateway_url,
+            "state_dir": str(self.state_dir) if self.state_dir else None,
             "index": self.index.redis_url if self.index else None,
             "model": str(self.resolved.model) if self.resolved else None,
             "redis": {"pid": self.redis.proc.pid if self.redis and self.redis.proc else None},

@@ -14,7 +14,8 @@ peer could serve the snapshot, the agent refused it), the pod stays out of rotat
 cold: the fleet's other pods answer meanwhile and `/health` says which prefix is not warm where. It is
 said loudly and warming is tried again, with a growing pause (`WARM_RETRY_S`), until it succeeds. The
 same holds for a pod that missed a SharedPrefix at start. What a pod must hold is what the fleet has
-(`LocalFleet.missing_on`): a prefix warm on no pod holds none back.
+(`LocalFleet.missing_on`): a prefix warm on no pod holds none back. The warming at start is here too
+(`warm_prefix`, `require_all`): it keeps the same per-pod states that a restart resets and rewarms.
 """
 
 from __future__ import annotations
@@ -22,12 +23,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from llamafleet_core.warming import PodWarmState, warm_pod
+from llamafleet_core.warming import PodWarmState, PrefixSource, WarmError, warm_pod, warm_shared_prefix
 from llamafleet_local.up.procs import ChildFailed, log_tail
+from llamafleet_local.up.progress import PrefixProgress
 
 if TYPE_CHECKING:
     from llamafleet_local.up.pods import LocalPod
@@ -68,7 +70,7 @@ class _Care:
 async def supervise(fleet: LocalFleet, stop: asyncio.Event) -> None:
     """Until `stop` is set: watch every process; restart dead pods (or raise FleetFailed) and warm
     again those whose warming failed."""
-    # A pod that missed a SharedPrefix at start (`LocalFleet._require_all`) is tried again soon.
+    # A pod that missed a SharedPrefix at start (`require_all`) is tried again soon.
     care = {pod.name: _Care(warm_failures=1, warm_again_at=time.monotonic() + WARM_RETRY_S[0])
             for pod in fleet.pods if not pod.ready and pod.dead() is None}
     while not stop.is_set():
@@ -185,3 +187,52 @@ async def _warm_or_wait(fleet: LocalFleet, pod: LocalPod, care: _Care) -> None:
     care.warm_again_at = time.monotonic() + pause
     fleet.reporter.say(f"{pod.name} is NOT routable: not warm again ({'; '.join(cold)}); "
                        f"warming again in {pause:.0f}s (attempt {care.warm_failures})")
+
+
+# --- warming at start (the runtime's `start`) -----------------------------------------------------------
+
+def _on_state(fleet: LocalFleet, track: PrefixProgress) -> Callable[[PodWarmState], None]:
+    def update(state: PodWarmState) -> None:
+        track.pods[state.pod] = PodWarmState(state.pod, state.state, state.tokens, state.bytes,
+                                             state.seconds, state.message)
+        fleet.report()
+    return update
+
+
+async def warm_prefix(fleet: LocalFleet, name: str, source: PrefixSource, *, pin: bool) -> None:
+    """Warm SharedPrefix `name` on every pod (`warm_shared_prefix`), keeping its progress and result."""
+    assert fleet.index is not None
+    track = fleet.progress.prefixes.setdefault(name, PrefixProgress(name))
+    track.started, track.finished, track.error = time.monotonic(), None, ""
+    fleet.sources[name] = source
+    fleet.report()
+    try:
+        result = await warm_shared_prefix(
+            source, fleet.warm_pods(), http=fleet.http, agent_token=fleet.agent_token,
+            index=fleet.index.index, pin=pin, progress=_on_state(fleet, track))
+    except WarmError as exc:
+        track.error = str(exc)
+        track.finished = time.monotonic()
+        fleet.report()
+        raise
+    fleet.results[name] = result
+    track.finished = time.monotonic()
+    for state in result.pods:
+        if state.state == "failed":
+            fleet.reporter.say(f"prefix {name}: pod {state.pod} failed: {state.message}")
+    fleet.report()
+
+
+async def require_all(fleet: LocalFleet) -> None:
+    """Declare every pod that holds each SharedPrefix the fleet has. One that missed a prefix another
+    pod holds (its pull failed) stays unroutable, as after a restart: `supervise` warms it again (its
+    first pass retries soon) and declares it then."""
+    for pod in fleet.pods:
+        if missing := fleet.missing_on(pod):
+            pod.ready = False
+            fleet.progress.pods_up.discard(pod.name)
+            fleet.reporter.say(f"{pod.name} is NOT routable: prefix {', '.join(missing)} not warm on it; "
+                               "warming it again shortly")
+            continue
+        await fleet.require(pod)
+    fleet.report()
