@@ -141,13 +141,15 @@ class Action(StrEnum):
 class HeadRecord:
     """A head (the text before the first user message: tools and system prompt) the fleet built.
 
-    `blocks` is its whole-block chain and `n_chars` its length; comparing a new head's chain with the
-    heads of its family tells where the new one parts from what the fleet holds, even when no slot
-    holds those heads any more (pods restarted) and no snapshot of theirs is a prefix of the new one."""
+    `cuts` is a hash chain over the head's safe token cuts (line starts and special tokens: hash k
+    covers the text up to the k-th cut), `n_chars` its length, `text_hash` its exact identity.
+    Comparing a new head's chain with those of its family tells, to the line, where the new one parts
+    from what the fleet built, even when no slot holds those heads any more (pods restarted) and no
+    snapshot of theirs is a prefix of the new one. Hashes only: the index never holds prompt text."""
 
-    blocks: tuple[str, ...]
+    cuts: tuple[str, ...]
     n_chars: int
-    text_hash: str = ""  # `exact_text_hash` of the head: tells the same head from one parting in its tail
+    text_hash: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,7 @@ __all__ = ["backend"]  # the fixture, run for the memory and the Redis backend
 
 def head(seed: str, n_blocks: int = 6) -> HeadRecord:
     body = text(n_blocks, seed)
-    return HeadRecord(tuple(chain(body)), len(body))
+    return HeadRecord(tuple(chain(body)), len(body), seed)
 
 
 async def test_an_unknown_family_is_empty(backend: Backend) -> None:

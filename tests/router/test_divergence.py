@@ -7,7 +7,13 @@ from __future__ import annotations
 
 from llamafleet_core.prefix.hashing import block_chain, common_blocks
 from llamafleet_core.types import DivergencePoint, HeadFamily, HeadRecord, exact_text_hash
-from llamafleet_router.snapshots.divergence import LearnedCuts, family_of, head_record, learned_cuts
+from llamafleet_router.snapshots.divergence import (
+    LearnedCuts,
+    cut_chain,
+    family_of,
+    head_record,
+    learned_cuts,
+)
 
 BC = 64
 MIN = 128
@@ -26,7 +32,7 @@ def cuts_for(text: str, family: HeadFamily, slot_runs: tuple[int, ...] = (), lim
 
 
 def record(text: str) -> HeadRecord:
-    return head_record(text, len(text), block_chain(text, seed="m", block_chars=BC), BC)
+    return head_record(text, len(text))
 
 
 def test_a_later_day_parts_from_yesterdays_head_at_a_line_start_before_its_date() -> None:
@@ -36,20 +42,21 @@ def test_a_later_day_parts_from_yesterdays_head_at_a_line_start_before_its_date(
     cut = learned.point.chars
     date = day2.index("Conversation started")
     assert cut <= date and day2[:cut] == day1[:cut]  # the text before the cut is shared exactly
-    assert day2[cut - 1] == "\n" and date - cut < BC + 64  # a line start, at most a block (and a line) early
+    assert cut == date  # the last line start whose text both heads share: to the line, not the block
     assert learned.point.from_end == len(day2) - cut
     assert learned.point.text_hash == exact_text_hash(day2[:cut])
 
 
-def test_the_same_head_teaches_nothing_and_a_slot_run_parts_like_a_recorded_head() -> None:
-    day1 = head(1)
-    assert cuts_for(day1, HeadFamily(heads=(record(day1),))).point is None
-    day2 = head(2)
-    shared_blocks = record(day1).blocks
-    run = common_blocks(shared_blocks, record(day2).blocks)
+def test_the_same_head_teaches_nothing_and_a_slot_run_places_the_cut_to_the_block() -> None:
+    day1, day2 = head(1), head(2)
+    assert cuts_for(day1, HeadFamily(heads=(record(day1),))) == LearnedCuts()
+    blocks1 = block_chain(day1, seed="m", block_chars=BC)
+    run = common_blocks(blocks1, block_chain(day2, seed="m", block_chars=BC))
     by_slot = cuts_for(day2, HeadFamily(), slot_runs=(run,))
+    assert by_slot.point is not None and by_slot.cuts == (by_slot.point.chars,)
+    assert day2[by_slot.point.chars - 1] == "\n" and by_slot.point.chars <= run * BC
     by_family = cuts_for(day2, HeadFamily(heads=(record(day1),)))
-    assert by_slot == by_family and by_slot.point is not None
+    assert by_family.point is not None and by_slot.point.chars <= by_family.point.chars
 
 
 def test_a_family_point_is_placed_at_the_same_cut_when_the_text_before_it_is_the_same() -> None:
@@ -89,15 +96,24 @@ def test_a_family_is_named_by_the_first_block() -> None:
     assert family_of(()) is None
 
 
-def test_a_stage_the_head_still_extends_past_the_block_bound_is_the_point_and_no_cut_goes_before_it() -> None:
-    """Whole blocks place a parting only to the block: the date sits inside the block after the shared
-    ones, and yesterday's stage at the date's paragraph start, which today's head still extends, lies
-    past the cut the blocks give. That stage is the point learned, and nothing is saved before it."""
+def test_a_stage_the_head_still_extends_bounds_the_point_and_is_not_saved_again() -> None:
+    """A slot's run places a parting only to the block; yesterday's stage at the date's paragraph start,
+    which today's head still extends, lies past that. The stage is the point learned, and nothing is
+    saved for it: it exists."""
     day1, day2 = head(1), head(2)
     stage = day2.index("Conversation started")
     blocks = block_chain(day2, seed="m", block_chars=BC)
-    bound = common_blocks(record(day1).blocks, record(day2).blocks) * BC
-    assert bound < stage  # the case the rule is for
-    learned = learned_cuts(day2, len(day2), blocks, HeadFamily(heads=(record(day1),)), (),
+    run = common_blocks(block_chain(day1, seed="m", block_chars=BC), blocks)
+    assert run * BC < stage  # the case the rule is for
+    learned = learned_cuts(day2, len(day2), blocks, HeadFamily(), (run,),
                            block_chars=BC, min_chars=MIN, limit=4, held=(stage, len(day2) + 5))
     assert learned.point is not None and learned.point.chars == stage and learned.cuts == ()
+
+
+def test_the_cut_chain_holds_hashes_only_and_parts_where_the_text_does() -> None:
+    a, b = head(1), head(2)
+    cuts_a, chain_a = cut_chain(a, len(a))
+    cuts_b, chain_b = cut_chain(b, len(b))
+    assert all(len(h) == 16 and h not in a for h in chain_a)
+    k = common_blocks(chain_a, chain_b)
+    assert cuts_a[:k] == cuts_b[:k] and cuts_a[k - 1] == a.index("Conversation started")

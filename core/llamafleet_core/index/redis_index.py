@@ -288,7 +288,7 @@ class RedisPrefixIndex(_RedisBase):
         members = [json.dumps([p.chars, p.from_end, p.text_hash]) for p in dict.fromkeys(points)]
         args: list[str | int] = [
             *self._family_keys(model, family), _ms(self.snapshot_ttl_s), FAMILY_HEADS, FAMILY_POINTS,
-            json.dumps([head.n_chars, head.text_hash, list(head.blocks)]), *members[:_MAX_POINTS_PER_CALL],
+            json.dumps([head.n_chars, head.text_hash, list(head.cuts)]), *members[:_MAX_POINTS_PER_CALL],
         ]
         await self._call(lambda: self._client.run_script(_RECORD_HEAD, (), args))
 

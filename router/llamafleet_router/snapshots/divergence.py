@@ -6,11 +6,14 @@ a toolchain probe that answers one day and not the next) at places no layout rul
 one real client puts its date three lines before the head's end, after the paragraph a rule "cut before
 the last line" expected it in. So the gateway learns them:
 
-1. **Where this head parts from what the fleet holds.** At first sight of a head, its whole-block chain
-   is compared with the chains of the heads of its family that the index recorded (`HeadFamily.heads`)
-   and with what the slots hold (`Lookup.slots`). The longest shared run bounds the place the texts
-   part; the last safe cut at or before it (`cuts.divergence_point`) becomes a snapshot of its own, so
-   the next session parting there (tomorrow's) resumes exactly at it, which a hybrid model needs.
+1. **Where this head parts from what the fleet holds.** At first sight of a head, its chain of safe
+   cuts (`cut_chain`: a hash chain over its line starts and special tokens) is compared with the
+   chains of the heads of its family that the index recorded (`HeadFamily.heads`): the last cut they
+   share is the last line start before the texts part. What slots hold counts too, in whole blocks
+   (`Lookup.slots`: the last safe cut before the shared run's end). That cut becomes a snapshot of its
+   own, so the next session parting there (tomorrow's) resumes exactly at it, which a hybrid needs.
+   Whole blocks alone could place it only to the block, often before the paragraph's start that is a
+   stage already, and so teach nothing.
 2. **Where heads of this family part, remembered.** The cut is recorded in the index as a
    `DivergencePoint` of the family (counted from the head's start and from its end), so it outlives
    the gateway, its slots and its pods. Every later first sight in the family saves a stage at each
@@ -26,10 +29,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from hashlib import blake2b
 
 from llamafleet_core.prefix.hashing import common_blocks
 from llamafleet_core.types import DivergencePoint, HeadFamily, HeadRecord, exact_text_hash
-from llamafleet_router.snapshots.cuts import divergence_point
+from llamafleet_router.snapshots.cuts import divergence_point, safe_cuts
+
+_CUT_DIGEST = 8  # bytes per cut hash: 16 hex characters, as block hashes
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,10 +53,24 @@ def family_of(blocks: tuple[str, ...] | list[str]) -> str | None:
     return blocks[0] if blocks else None
 
 
-def head_record(text: str, head_chars: int, blocks: tuple[str, ...], block_chars: int) -> HeadRecord:
-    """The index's record of a head: its whole blocks, length and exact identity."""
-    whole = tuple(blocks[: head_chars // block_chars])
-    return HeadRecord(whole, head_chars, exact_text_hash(text[:head_chars]))
+def cut_chain(text: str, head_chars: int) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """The safe cuts inside the head and a hash chain over them: hash k covers `text[:cuts[k]]`, so two
+    heads share their first k hashes exactly when they share the text up to their k-th cut (and cut
+    it alike). Hashes only: what the index keeps of a head reveals none of its text."""
+    cuts = tuple(safe_cuts(text, 0, head_chars))
+    hashes: list[str] = []
+    prev, start = b"", 0
+    for cut in cuts:
+        h = blake2b(prev, digest_size=_CUT_DIGEST)
+        h.update(text[start:cut].encode("utf-8", "surrogatepass"))
+        prev, start = h.digest(), cut
+        hashes.append(prev.hex())
+    return cuts, tuple(hashes)
+
+
+def head_record(text: str, head_chars: int) -> HeadRecord:
+    """The index's record of a head: its cut chain, length and exact identity."""
+    return HeadRecord(cut_chain(text, head_chars)[1], head_chars, exact_text_hash(text[:head_chars]))
 
 
 def learned_cuts(
@@ -58,20 +78,26 @@ def learned_cuts(
     *, block_chars: int, min_chars: int, limit: int, held: Iterable[int] = (),
 ) -> LearnedCuts:
     """The cuts for a head of `text[:head_chars]` learned from its family and from what slots hold.
+    `blocks`: the prompt's block chain (what slot runs count in).
 
     `slot_runs`: how many leading blocks of the prompt each slot holds (`Lookup.slots.values()`).
-    `held`: lengths of exact prefixes of this text that snapshots hold (stages it extends): whole
-    blocks place a parting only to the block, so a stage past that bound that this head still extends
-    is where it parts at the latest known, and neither a cut nor a point goes before it. At most
-    `limit` cuts; the one where this head parts from a held head comes first."""
-    head = head_record(text, head_chars, blocks, block_chars)
-    n_blocks = len(head.blocks)
-    shared = [common_blocks(head.blocks, h.blocks) for h in family.heads if h.text_hash != head.text_hash]
-    shared += [n for n in slot_runs if 0 < n < n_blocks]
+    `held`: lengths of exact prefixes of this text that snapshots hold (stages it extends): a stage
+    past the shared cut that this head still extends (a slot's run counts only to the block) is where
+    it parts at the latest known, and neither a cut nor a point goes before it; a cut a stage holds
+    already is not saved again. At most `limit` cuts; the one where this head parts from a held head
+    comes first."""
+    positions, chain = cut_chain(text, head_chars)
+    own_hash = exact_text_hash(text[:head_chars])
+    others = [h for h in family.heads if h.text_hash != own_hash]
+    shared_cuts = max((common_blocks(chain, h.cuts) for h in others), default=0)
+    cut = positions[shared_cuts - 1] if shared_cuts else 0
+    n_blocks = head_chars // block_chars
+    runs = [n for n in slot_runs if 0 < n < n_blocks]
+    if runs:
+        cut = max(cut, divergence_point(text, max(runs) * block_chars, min_chars=min_chars) or 0)
     cuts: list[int] = []
     point: DivergencePoint | None = None
-    if shared and max(shared) > 0:
-        cut = divergence_point(text, max(shared) * block_chars, min_chars=min_chars) or 0
+    if cut:
         proven = max((n for n in held if n < head_chars), default=0)
         at = max(cut, proven)
         if min_chars <= at < head_chars:
