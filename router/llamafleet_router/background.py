@@ -77,9 +77,11 @@ class IndexHealth:
         self._metrics = metrics
         self._interval = interval
         self.degraded = False
-        # Called when the index answers again after an outage: a Redis that restarted empty has lost
-        # every entry, and whoever can rebuild some (the snapshot resync) registers here.
+        # Called when the index answers again after an outage, or answers as a new instance (a Redis
+        # restarted empty between two pings): it lost every entry, and whoever can rebuild some (the
+        # snapshot resync) registers here.
         self.on_recovered: list[Callable[[], None]] = []
+        self._instance: str | None = None
 
     def mark_degraded(self, reason: str = "") -> None:
         if not self.degraded:
@@ -98,16 +100,26 @@ class IndexHealth:
     async def check(self) -> bool:
         try:
             ok = await self._index.ping()
+            instance = await self._index.instance() if ok else None
         except Exception as exc:  # ping must not raise, but a broken one must not kill the watcher
-            ok = False
+            ok, instance = False, None
             reason = repr(exc)
         else:
             reason = "ping failed"
         if ok:
+            self._seen(instance)
             self.mark_ok()
         else:
             self.mark_degraded(reason)
         return ok
+
+    def _seen(self, instance: str | None) -> None:
+        """A new instance while not degraded: the outage fell between two pings; act as after one."""
+        known, self._instance = self._instance, instance
+        if known is not None and instance != known and not self.degraded:
+            log.warning("prefix index restarted empty: recording what can be recorded again")
+            for hook in self.on_recovered:
+                hook()
 
     async def run(self) -> None:
         while True:

@@ -6,6 +6,7 @@ from the heads the fleet built before, after every slot was lost (see router/sna
 from __future__ import annotations
 
 from llamafleet_core.index.base import FAMILY_HEADS, FAMILY_POINTS, merge_family
+from llamafleet_core.index.redis_index import RedisPrefixIndex
 from llamafleet_core.types import DivergencePoint, HeadFamily, HeadRecord
 from tests.core.test_index_contract import MODEL, Backend, backend, chain, text
 
@@ -62,3 +63,18 @@ def test_merge_family_is_the_pure_rule_both_backends_keep() -> None:
     p, q = DivergencePoint(1, 2, "p"), DivergencePoint(3, 4, "q")
     merged = merge_family(HeadFamily((a,), (p,)), b, [q, q], max_heads=1, max_points=5)
     assert merged == HeadFamily((b,), (q, p))
+
+
+async def test_the_instance_is_stable_until_the_index_loses_its_entries(backend: Backend) -> None:
+    """Every caller sees the same instance; a Redis that restarted empty (here: its instance key gone,
+    as after a restart without persistence or a flush) answers with a new one, once, for everyone."""
+    idx, other = backend.index, backend.make_index()
+    first = await idx.instance()
+    assert first and await idx.instance() == first
+    if backend.name != "redis":
+        return
+    assert await other.instance() == first  # another gateway replica on the same Redis agrees
+    assert isinstance(idx, RedisPrefixIndex)
+    await idx._client.execute("DEL", f"{idx._prefix}:instance")
+    renewed = await other.instance()
+    assert renewed != first and await idx.instance() == renewed

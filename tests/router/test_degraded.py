@@ -6,10 +6,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
+from prometheus_client import CollectorRegistry
+
 from llamafleet_core.index.base import IndexUnavailable
 from llamafleet_core.index.memory import InMemoryPrefixIndex
 from llamafleet_core.types import Lookup, PromptTags, SlotRef
+from llamafleet_router.background import IndexHealth
 from llamafleet_router.inprocess import app_client
+from llamafleet_router.metrics import RouterMetrics
 from tests.router.conftest import AppFactory, chat_body
 
 
@@ -66,3 +70,26 @@ async def test_requests_are_served_and_health_says_degraded_when_index_raises(ma
     assert 'branch="degraded_hash"' in branches or 'branch="session_affinity"' in branches
     assert recovered.json()["index"] == "ok"
     assert gateway.metrics.registry.get_sample_value(gauge) == 0
+
+
+async def test_an_index_that_restarted_empty_between_two_pings_has_its_snapshots_recorded_again() -> None:
+    """Pings that all answer cannot see a Redis restart (no persistence) that fell between two of them;
+    the index's instance can: a new one calls the same hooks as a recovery, once, and the first one seen
+    calls none."""
+
+    class Restarting(InMemoryPrefixIndex):
+        life = "a"
+
+        async def instance(self) -> str:
+            return self.life
+
+    index = Restarting()
+    health = IndexHealth(index, RouterMetrics(CollectorRegistry()), interval=1.0)
+    calls: list[str] = []
+    health.on_recovered.append(lambda: calls.append(index.life))
+    assert await health.check() and calls == []
+    assert await health.check() and calls == []
+    index.life = "b"
+    assert await health.check() and calls == ["b"]
+    assert await health.check() and calls == ["b"]
+    assert not health.degraded

@@ -117,6 +117,12 @@ class PrefixIndex(Protocol):
         """True when the backend answers; never raises."""
         ...
 
+    async def instance(self) -> str:
+        """An identity of the backend's present life, the same from every caller: it changes when the
+        backend lost its entries (a Redis without persistence restarted, or was flushed), so that whoever
+        can record some again (the agents' snapshots) does, even when no ping fell in the outage."""
+        ...
+
     async def close(self) -> None:
         """Release what the index owns (not an injected client)."""
         ...

@@ -272,6 +272,9 @@ class InMemoryPrefixIndex:
     async def ping(self) -> bool:
         return True
 
+    async def instance(self) -> str:
+        return f"memory-{id(self):x}"  # its entries live exactly as long as this object
+
     async def close(self) -> None:
         return None
 

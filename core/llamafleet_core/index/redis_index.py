@@ -19,6 +19,9 @@ name cannot make two models share keys):
                       the JSON `[pod_uid, name]`, so no separator can be ambiguous.
 - `P:pod:{uid}`       SET of JSON references to the pod's entries in every model, for `purge_pod`.
 - `P:lease:{slotkey}` STRING holder, with PX expiry.
+- `P:M:fam:{family}:heads`, `...:points` ZSETs of a head family's latest heads and divergence points
+                      (JSON members), scored by time, bounded, with the snapshot TTL.
+- `P:instance`        STRING, no TTL: the index's present life; a new value means it lost its entries.
 
 Every key gets a PEXPIRE no shorter than its longest-lived entry, so abandoned entries vanish on their
 own; readers additionally ignore members whose deadline has passed. All times come from the Redis
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 from urllib.parse import quote
@@ -70,6 +74,7 @@ _SNAPSHOTS = LuaScript(redis_lua.SNAPSHOTS)
 _PURGE_POD = LuaScript(redis_lua.PURGE_POD)
 _RECORD_HEAD = LuaScript(redis_lua.RECORD_HEAD)
 _FAMILY = LuaScript(redis_lua.FAMILY)
+_INSTANCE = LuaScript(redis_lua.INSTANCE)
 _MAX_POINTS_PER_CALL = 98  # the script orders one call's points by score offsets below 99
 _ACQUIRE_LEASE = LuaScript(redis_lua.ACQUIRE_LEASE)
 _RELEASE_LEASE = LuaScript(redis_lua.RELEASE_LEASE)
@@ -277,6 +282,10 @@ class RedisPrefixIndex(_RedisBase):
     async def purge_pod(self, pod_uid: str) -> int:
         removed = await self._call(lambda: self._client.run_script(_PURGE_POD, (), [self._pod_key(pod_uid)]))
         return int(removed)
+
+    async def instance(self) -> str:
+        args = [f"{self._prefix}:instance", uuid.uuid4().hex]
+        return _text(await self._call(lambda: self._client.run_script(_INSTANCE, (), args)))
 
     def _family_keys(self, model: str, family: str) -> tuple[str, str]:
         base = f"{self._base(model)}fam:{quote(family, safe='')}:"

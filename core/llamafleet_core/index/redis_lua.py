@@ -341,3 +341,12 @@ return 1
 FAMILY = """
 return {redis.call('ZREVRANGE', ARGV[1], 0, -1), redis.call('ZREVRANGE', ARGV[2], 0, -1)}
 """
+
+# ARGV: the instance key, a fresh token -> the key's value, set to the token first when missing (no
+# TTL: it goes only with the rest of the data, when Redis restarts empty or is flushed).
+INSTANCE = """
+local v = redis.call('GET', ARGV[1])
+if v then return v end
+redis.call('SET', ARGV[1], ARGV[2])
+return ARGV[2]
+"""
