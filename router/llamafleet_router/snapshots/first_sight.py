@@ -17,8 +17,10 @@ built by another request waits for that snapshot and restores it instead of comp
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -137,6 +139,28 @@ async def tokenize_pieces(http: httpx.AsyncClient, url: str, text: str) -> tuple
     return [int(t["id"]) for t in items], [t.get("piece") for t in items]
 
 
+class _Spent:
+    """Milliseconds and counts per step of one build (tokenize, prefill, save), for its log line."""
+
+    def __init__(self) -> None:
+        self.ms: dict[str, float] = {}
+        self.count: dict[str, int] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, step: str) -> Iterator[None]:
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.ms[step] = self.ms.get(step, 0.0) + (time.perf_counter() - started) * 1000
+            self.count[step] = self.count.get(step, 0) + 1
+
+    def fields(self) -> dict[str, float | int]:
+        out: dict[str, float | int] = {f"{k}_ms": round(v, 1) for k, v in self.ms.items()}
+        out.update({f"{k}s": v for k, v in self.count.items()})
+        return out
+
+
 class StagedPrefill:
     def __init__(
         self, *, http: httpx.AsyncClient, index: PrefixIndex, config: SnapshotConfig,
@@ -157,11 +181,25 @@ class StagedPrefill:
         before it are skipped. `known`: (text_hash, n_chars) of snapshots the index already has; they are
         not saved again. Failures are logged and counted; the slot then holds whatever was prefilled."""
         assert target.agent_url is not None
+        spent = _Spent()
+        try:
+            return await self._build(prompt, target, slot, start_tokens, extra_cuts, known, on_saved, spent)
+        finally:
+            # Where a first session's time goes beside the prefill a plain server would do too.
+            log.info("first-sight build", extra={"pod": target.url, "slot": slot, **spent.fields()})
+
+    async def _build(
+        self, prompt: Prompt, target: Endpoint, slot: int, start_tokens: int, extra_cuts: Sequence[int],
+        known: frozenset[tuple[str, int]], on_saved: Callable[[int, SnapshotRef], None] | None,
+        spent: _Spent,
+    ) -> SnapshotRef | None:
+        assert target.agent_url is not None
         session = prompt.text[: prompt.session_chars]
         llama = LlamaClient(target.url, self._http)
         agent = AgentClient(target.agent_url, self._http, self._config.token)
         try:
-            tokens, pieces = await tokenize_pieces(self._http, target.url, session)
+            with spent("tokenize"):
+                tokens, pieces = await tokenize_pieces(self._http, target.url, session)
         except (LlamaError, KeyError, ValueError, TypeError) as exc:
             self._fail("tokenize", "llama", str(exc))
             return None
@@ -179,15 +217,19 @@ class StagedPrefill:
             kind = "dv" if chars in extra_cuts and chars not in points else "st"
             if (exact_text_hash(prompt.text[:chars]), chars) in known:
                 continue
-            if not await self._prefill(llama, tokens[:n], slot):
-                return None
+            with spent("prefill"):
+                if not await self._prefill(llama, tokens[:n], slot):
+                    return None
             done = n
-            ref = await self._save(agent, prompt, target, slot, kind, chars, tokens[:n])
+            with spent("save"):
+                ref = await self._save(agent, prompt, target, slot, kind, chars, tokens[:n])
             if ref is not None and on_saved is not None:
                 on_saved(chars, ref)  # requests waiting for this stage need not wait for the rest
-        if done < len(tokens) and not await self._prefill(llama, tokens, slot):
-            return None
-        return await self._save(agent, prompt, target, slot, "fs", prompt.session_chars, tokens)
+        with spent("prefill"):
+            if done < len(tokens) and not await self._prefill(llama, tokens, slot):
+                return None
+        with spent("save"):
+            return await self._save(agent, prompt, target, slot, "fs", prompt.session_chars, tokens)
 
     async def _prefill(self, llama: LlamaClient, tokens: list[int], slot: int) -> bool:
         try:
