@@ -330,4 +330,19 @@ async def test_priming_gives_every_borrowed_slot_back_and_avoids_the_slots_it_pr
     assert await prime([RuntimeError("agent gone")], 2) == [] and given_back == [1]
     assert await prime([ok, ok, ok], 5) == [1, 2, 3] and given_back == [1, 2, 3]
     assert borrowed[-1] == frozenset({1, 2, 3})  # the 4th borrow found no slot left: priming ended
+
+    # Priming waits until the request that built the prefix answers: no slot is borrowed before.
+    outcomes[:] = [ok]
+    borrowed.clear()
+    answered = asyncio.Event()
+    primer = Primer(http=http, index=InMemoryPrefixIndex(), restorer=cast(Any, FakeRestorer()),
+                    metrics=SnapshotMetrics(CollectorRegistry()), tasks=TaskSet(), slots=PrimedSlots())
+    waiting = asyncio.create_task(primer._prime(SchedRequest("r2", "m", identity()), head, "p0", {},
+                                                cast(Any, borrow), 1, answered))
+    for _ in range(20):  # let the task run as far as it can
+        await asyncio.sleep(0)
+    assert borrowed == [] and not waiting.done()
+    answered.set()
+    await waiting
+    assert borrowed == [frozenset()] and [ref.slot for ref in primer.slots.slots()] == [1]
     await http.aclose()

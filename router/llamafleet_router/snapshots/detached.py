@@ -118,10 +118,15 @@ class DetachedBuilds:
 
     def request_answering(self, request_id: str) -> None:
         """The gateway's signal that a request answers (its first byte) or ended: a build detached from
-        it may start now."""
-        event = self._answering.get(request_id)
+        it, or a priming after its build (`answered`), may start now."""
+        event = self._answering.pop(request_id, None)
         if event is not None:
             event.set()
+
+    def answered(self, request_id: str) -> asyncio.Event:
+        """An event set when the request answers or ends (for background work that must not compete
+        with it for the pod's cores)."""
+        return self._answering.setdefault(request_id, asyncio.Event())
 
     async def _build_detached(
         self, req: SchedRequest, prompt: Prompt, key: FlightKey, stage: SnapshotRef,

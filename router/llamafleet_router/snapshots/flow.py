@@ -14,9 +14,8 @@
      idle slot the gateway lends (`borrow`), from the same stage, and the request is forwarded at once
      (branch `restore_first_sight_detached`, `detached.DetachedBuilds`); without an idle slot it is
      built in place.
-     Divergence points (divergence.py): where this head parts from the heads of its family the index
-     recorded, or from what some slot holds, a snapshot is also saved at the last safe cut before it,
-     for the sessions that part there later; and at the points the family learned before.
+     Divergence points (divergence.py): a snapshot also at the last safe cut before where this head
+     parts from its family's recorded heads or a slot's run, and at the family's learned points.
 `prepare` never raises (except cancellation): the index is a hint and the request must be served.
 """
 
@@ -186,7 +185,8 @@ class SnapshotFlow:
             return decision
         self._remember(key)
         if self.borrow is not None:  # up to `prime_slots` (0: none)
-            self.primer.start(req, ref, pods, agents, self.borrow, self.config.prime_slots)
+            self.primer.start(req, ref, pods, agents, self.borrow, self.config.prime_slots,
+                              after=self._detached.answered(req.request_id))
         session_blocks = prompt.session_chars // self.config.block_chars
         if restored is not None:  # built on top of a restored stage snapshot: say which one
             return replace(decision, action=Action.RESTORE, snapshot=restored.snapshot,

@@ -32,6 +32,7 @@ Rules, and why:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Sequence
@@ -54,6 +55,7 @@ from llamafleet_router.snapshots.restore import Restored, RestoreExecutor
 log = logging.getLogger(__name__)
 
 PRIME_MIN_IDLE = 2  # a pod is primed only while it has this many idle slots: one stays free for requests
+_PRIME_START_S = 5.0  # priming waits at most this long for the request that built the prefix to answer
 
 
 def same_text(a: SnapshotRef, b: SnapshotRef) -> bool:
@@ -151,18 +153,23 @@ class Primer:
 
     def start(
         self, req: SchedRequest, snap: SnapshotRef, pods: Sequence[PodStatus], agents: dict[str, str],
-        borrow: BorrowSlot, count: int,
+        borrow: BorrowSlot, count: int, after: asyncio.Event | None = None,
     ) -> None:
-        """Load `snap` (a prefix of `req`'s prompt) into up to `count` idle slots of the pod that saved it."""
+        """Load `snap` (a prefix of `req`'s prompt) into up to `count` idle slots of the pod that saved it,
+        once `after` is set (the request that built it answers) or `_PRIME_START_S` passed: each load is
+        a copy in the pod's main loop, which would otherwise delay that request's first token."""
         here = next((p for p in pods if p.endpoint.uid == snap.pod_uid), None)
         if count > 0 and here is not None and here.ready and here.endpoint.agent_url:
-            self._tasks.spawn(self._prime(req, snap, here.endpoint.uid, agents, borrow, count),
+            self._tasks.spawn(self._prime(req, snap, here.endpoint.uid, agents, borrow, count, after),
                               name="prime-slots")
 
     async def _prime(
         self, req: SchedRequest, snap: SnapshotRef, uid: str, agents: dict[str, str], borrow: BorrowSlot,
-        count: int,
+        count: int, after: asyncio.Event | None = None,
     ) -> None:
+        if after is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(after.wait(), _PRIME_START_S)
         done: frozenset[int] = frozenset()
         for _ in range(count):
             borrowed = await borrow(req, pod_uid=uid, min_idle=PRIME_MIN_IDLE, avoid=done)
