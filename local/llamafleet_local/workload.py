@@ -7,6 +7,15 @@ user message; on the next day the date line differs, close to the end of the pre
 makes such requests deterministically (seeded), sized in characters, so tests, the demo and the
 benchmarks all replay the same shapes.
 
+Three layouts (`WorkloadSpec.layout`, `LAYOUTS`) put the day where real clients do:
+
+- `date_last` (the default): `...</workspace>\n\nConversation started: <date>`, the date last;
+- `env_after_date`: the date line, then an environment block (OS, shell, working directory, git branch
+  and status), so the next day differs a few lines before the end;
+- `session_after_date`: the date line, then `Session ID: <id>`, an id seeded from the spec (its
+  `session` field among them), so two sessions of one day differ after the date too (Hermes Agent
+  with `--pass-session-id`).
+
 Sizes: with Qwen tokenizers the JSON of tool schemas runs at about 4.5 characters per token, so
 `prefix_chars=62_000` gives roughly the 14K-token prefix of a real client.
 """
@@ -17,6 +26,7 @@ import dataclasses
 import datetime as dt
 import json
 import random
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -109,6 +119,40 @@ class WorkloadSpec:
     seed: int = 7
     workspace: str = "/home/dev/projects/service"
     day: dt.date = field(default_factory=lambda: dt.date(2026, 11, 2))
+    layout: str = "date_last"  # one of LAYOUTS: where the date sits and what follows it
+    session: int = 0  # which session of the day: only `session_after_date` shows it (in its id)
+
+    def __post_init__(self) -> None:
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"layout {self.layout!r}: expected one of {', '.join(LAYOUTS)}")
+
+
+LAYOUTS = ("date_last", "env_after_date", "session_after_date")
+
+
+def session_id(spec: WorkloadSpec) -> str:
+    """A random-looking id (UUID form) that only the spec decides: same spec, same id."""
+    rng = random.Random(f"{spec.seed}|{spec.workspace}|{spec.day.isoformat()}|{spec.session}")
+    return str(uuid.UUID(int=rng.getrandbits(128), version=4))
+
+
+def _closing(spec: WorkloadSpec) -> list[str]:
+    """The system prompt's last blocks for the spec's layout: the workspace, the date and what follows."""
+    started = "Conversation started: " + spec.day.strftime("%A, %B %d, %Y").replace(" 0", " ")
+    workspace = "\n".join((
+        "<workspace>", f"Working directory: {spec.workspace}", "Git branch: main", "Platform: linux",
+        "</workspace>",
+    ))
+    if spec.layout == "env_after_date":
+        env = "\n".join((
+            "<env>", "OS: Linux 6.8.0-49-generic x86_64", "Shell: /bin/bash",
+            f"Working directory: {spec.workspace}", "Is a git repository: yes", "Git branch: main",
+            "Git status: clean (0 staged, 0 modified, 0 untracked)", "</env>",
+        ))
+        return [started, env]
+    if spec.layout == "session_after_date":
+        return [workspace, f"{started}\nSession ID: {session_id(spec)}"]
+    return [workspace, started]
 
 
 def make_profile(spec: WorkloadSpec) -> AgentProfile:
@@ -122,12 +166,7 @@ def make_profile(spec: WorkloadSpec) -> AgentProfile:
     paragraphs: list[str] = ["You are a coding agent working in the user's workspace."]
     while sum(len(p) for p in paragraphs) < max(0, body_budget - 400):
         paragraphs.append(" ".join(_sentence(rng, rng.randint(8, 20)) for _ in range(5)))
-    workspace = "\n".join((
-        "<workspace>", f"Working directory: {spec.workspace}", "Git branch: main", "Platform: linux",
-        "</workspace>",
-    ))
-    started = spec.day.strftime("%A, %B %d, %Y").replace(" 0", " ")
-    system = "\n\n".join([*paragraphs, workspace, f"Conversation started: {started}"])
+    system = "\n\n".join([*paragraphs, *_closing(spec)])
     return AgentProfile(tools=tuple(tools), system_prompt=system)
 
 
@@ -170,7 +209,8 @@ def chars_for_tokens(target_tokens: int, measure: Callable[[int], int], *, start
 
 
 def next_day(spec: WorkloadSpec, days: int = 1) -> WorkloadSpec:
-    """The same workspace `days` later: the prefix differs only at the `Conversation started:` line."""
+    """The same workspace `days` later: the prefix differs only at the `Conversation started:` line
+    (and, in the `session_after_date` layout, at the session id on the line after it)."""
     return dataclasses.replace(spec, day=spec.day + dt.timedelta(days=days))
 
 
@@ -211,7 +251,8 @@ def mixed_workload(n_sessions: int = 50, *, prefix_chars: int = 12_000, workspac
     for i in range(n_sessions):
         turns = rng.randint(1, max_turns)
         plans.append(SessionPlan(
-            spec=specs[i % len(specs)],
+            # Each session its own: in the `session_after_date` layout no two share their id line.
+            spec=dataclasses.replace(specs[i % len(specs)], session=i),
             questions=tuple(user_question(rng) for _ in range(turns)),
             answers=tuple(_sentence(rng, rng.randint(10, 30)) for _ in range(turns)),
         ))

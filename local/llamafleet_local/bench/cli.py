@@ -41,12 +41,17 @@ def say(text: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
 
 
-async def seed_table(plan: Plan, out: Path, run_dir: Path) -> dict[str, Any]:
+async def seed_table(plan: Plan, out: Path, run_dir: Path, *, real_client: bool = True) -> dict[str, Any]:
     raw: dict[str, Any] = {"plan": dataclasses.asdict(plan), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
                            "models": {}}
     started = time.perf_counter()
     for model in plan.models:
         raw["models"][model] = await run_model(model, plan, run_dir, say)
+    if real_client:  # the same rows on a real agent client's requests (bench/later_days.py)
+        from llamafleet_local.bench import later_days
+
+        raw["real_client"] = await later_days.later_days(plan.models, run_dir / "real-client", say)
+        raw["real_client"]["ratios"] = later_days.ratios(raw["real_client"])
     raw["seconds"] = time.perf_counter() - started
     return raw
 
@@ -61,7 +66,8 @@ def write(raw: dict[str, Any], out: Path, stem: str = "seed_table") -> str:
     text = "\n".join([
         f"Seed table, {raw['started']}, {raw['seconds'] / 60:.1f} minutes. Times are medians of "
         f"{raw['plan']['repeats']} runs (min-max in brackets) where repeated.", "",
-        report.markdown(raw, summary), "Targets:", "", report.targets_markdown(goals), ""])
+        report.markdown(raw, summary), "Targets:", "", report.targets_markdown(goals), "",
+        *_real_client_section(raw)])
     (out / f"{stem}.md").write_text(text)
     (out / f"{stem}.json").write_text(json.dumps(
         {**raw, "summary": report.to_json(summary), "targets": goals}, indent=1, default=str))
@@ -69,6 +75,17 @@ def write(raw: dict[str, Any], out: Path, stem: str = "seed_table") -> str:
     minimum = {m: int(r.get("minimum_prefill", 0)) for m, r in raw["models"].items()}
     plots.tokens_computed(summary, minimum, out / f"{stem}_tokens.png")
     return text
+
+
+def _real_client_section(raw: dict[str, Any]) -> list[str]:
+    if "real_client" not in raw:
+        return []
+    from llamafleet_local.bench import later_days
+
+    return ["The real client's layout (Hermes Agent's captured requests: 18 tools and its system prompt, the "
+            "date three lines before the head's end), one run each; plain is one llama-server with the "
+            "fleet pods' own command line unless the row says otherwise:", "",
+            later_days.markdown(raw["real_client"])]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,6 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=Path("bench/results"))
     p.add_argument("--run-dir", type=Path, default=None, help="process logs (default runs/bench-<time>)")
     p.add_argument("--from-json", type=Path, default=None, help="re-render the outputs of an earlier run")
+    p.add_argument("--no-real-client", dest="real_client", action="store_false",
+                   help="skip the rows on the real client's layout (later_days.py, ~5 minutes; "
+                   "--quick skips them)")
     d = sub.add_parser("later-days", help="a real client's first session and later days against plain")
     d.add_argument("--models", default="dense,hybrid", help="comma-separated: dense, hybrid (tiny models)")
     d.add_argument("--out", type=Path, default=Path("bench/results"))
@@ -114,6 +134,6 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--setups: must include plain (it calibrates sizes); unknown: {sorted(unknown)}")
     run_dir = (args.run_dir or Path("runs") / time.strftime("bench-%Y%m%d-%H%M%S")).resolve()
     say(f"run folder {run_dir}")
-    raw = asyncio.run(seed_table(plan, args.out, run_dir))
+    raw = asyncio.run(seed_table(plan, args.out, run_dir, real_client=args.real_client and not args.quick))
     print(write(raw, args.out))
     return 0

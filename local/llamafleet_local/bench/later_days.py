@@ -12,6 +12,8 @@ three lines before the end of the head), one workspace, one question a day. Per 
 - **whole fleet restarted**: another fleet and state folder; day 1, the fleet stopped and started again
   (pods, agents, gateway and an in-memory index: nothing but the pods' snapshot folders survives),
   day 2 (measured), again, day 3 (measured).
+- **3rd concurrent session**, same day, prompts as Hermes sends them (`scenarios.three_sessions`): a
+  fresh fleet against the seed table's plain baseline (one server, flash attention on).
 
 Every figure is a time to first token, and the README's ratios are plain over fleet in the same run.
 """
@@ -28,12 +30,13 @@ from typing import Any
 
 import httpx
 
+from llamafleet_local.bench import scenarios as sc
 from llamafleet_local.bench.client import Reply, stream_chat
 from llamafleet_local.bench.run import Plan, fleet_docs
 from llamafleet_local.bench.setups import BASELINE_FLASH_ATTENTION, Fleet, PlainPods
 from llamafleet_local.hermes_layout import hermes_profile
 from llamafleet_local.up.config import FleetConfig, parse_documents
-from llamafleet_local.up.resolve import resolve
+from llamafleet_local.up.resolve import Resolved, resolve
 from llamafleet_local.workload import WorkloadSpec
 
 DAY1 = dt.date(2026, 11, 30)
@@ -141,12 +144,32 @@ async def later_days(models: tuple[str, ...], run_dir: Path, say: Callable[[str]
         result["fleet_pods_restarted"] = await fleet_days(pods, model, pods.restart_pods, "/home/dev/p")
         whole = FleetRun(config, run_dir / model / "whole", run_dir / model / "whole-state")
         result["fleet_whole_restarted"] = await fleet_days(whole, model, whole.restart_whole, "/home/dev/p")
+        result["third_session"] = await third_sessions(config, resolved, run_dir / model, model)
+        say(f"{model} 3rd concurrent session: plain {result['third_session']['plain'][2]['ttft_s']:.3f} s, "
+            f"fleet {result['third_session']['fleet'][2]['ttft_s']:.3f} s")
         for name in ("fleet_pods_restarted", "fleet_whole_restarted"):
             days = {d: r for d, r in result[name].items() if d.startswith("day")}
             say(f"{model} {name}: " + ", ".join(
                 f"{d} {r['ttft_s']:.3f} s {r['action']}" for d, r in days.items()))
         raw["models"][model] = result
     return raw
+
+
+async def third_sessions(config: FleetConfig, resolved: Resolved, folder: Path, model: str) -> dict[str, Any]:
+    """Three concurrent sessions of one never-seen Hermes head, on plain and on a fresh fleet."""
+    profile = hermes_profile(WorkloadSpec(workspace="/home/dev/burst", day=DAY1), model=model)
+    out: dict[str, Any] = {}
+    plain = PlainPods(f"burst-plain-{model}", resolved, folder / "burst-plain", 1, sglang=False)
+    fleet = Fleet(config, folder / "burst-fleet")
+    for name, setup in (("plain", plain), ("fleet", fleet)):
+        await setup.start()
+        try:
+            async with httpx.AsyncClient(timeout=TIMEOUT) as http:
+                replies = await sc.three_sessions(http, setup.url, profile, model, "burst")
+            out[name] = [_summary(r) for r in replies]
+        finally:
+            await setup.stop()
+    return out
 
 
 def ratios(raw: dict[str, Any]) -> dict[str, dict[str, float]]:
@@ -168,6 +191,10 @@ def ratios(raw: dict[str, Any]) -> dict[str, dict[str, float]]:
             "day2_whole_restarted": ratio("fleet_whole_restarted", "day2"),
             "day3_whole_restarted": ratio("fleet_whole_restarted", "day3"),
         }
+        if "third_session" in r:
+            third = r["third_session"]
+            out[model]["third_session"] = round(
+                third["plain"][2]["ttft_s"] / max(third["fleet"][2]["ttft_s"], 1e-6), 2)
     return out
 
 
@@ -176,5 +203,47 @@ def main(models: tuple[str, ...], out: Path, run_dir: Path, say: Callable[[str],
     raw["ratios"] = ratios(raw)
     out.mkdir(parents=True, exist_ok=True)
     (out / "later_days.json").write_text(json.dumps(raw, indent=2) + "\n")
+    (out / "later_days.md").write_text(f"Later days and first sessions, {raw['started']}, one run each.\n\n"
+                                       + markdown(raw))
     return raw
 
+
+
+ROWS = (  # (label, fleet setup, day): TTFT of plain with the same flags over the fleet's
+    ("a day-2 session after day 1, pods restarted", "fleet_pods_restarted", "day2"),
+    ("a day-3 session after days 1 and 2, pods restarted", "fleet_pods_restarted", "day3"),
+    ("a day-2 session after day 1, whole fleet restarted", "fleet_whole_restarted", "day2"),
+    ("a day-3 session after days 1 and 2, whole fleet restarted each day", "fleet_whole_restarted", "day3"),
+)
+
+
+def markdown(raw: dict[str, Any]) -> str:
+    """The real client's rows: time to first token, plain and fleet, and their ratio, per model."""
+    models = list(raw["models"])
+    head = "| Hermes Agent's requests | " + " | ".join(
+        f"{m} plain | {m} llamafleet | ratio" for m in models) + " |"
+    lines = [head, "|---|" + "---:|---:|---:|" * len(models)]
+
+    def cells(plain: float, fleet: float) -> str:
+        return f"{plain:.3f} s | {fleet:.3f} s | {plain / max(fleet, 1e-6):.1f}x"
+
+    runs = list(raw["models"].values())
+
+    def row(label: str, values: list[str]) -> None:
+        lines.append(f"| {label} | " + " | ".join(values) + " |")
+
+    for label, setup, day in ROWS:
+        row(label, [cells(r["plain_same_flags"][day]["ttft_s"], r[setup][day]["ttft_s"]) for r in runs])
+    row("first session of a never-seen head (plain: the pods' own flags)",
+        [cells(r["plain_same_flags"]["day1"]["ttft_s"], r["fleet_pods_restarted"]["day1"]["ttft_s"])
+         for r in runs])
+    fa: list[str] = []
+    for r in runs:
+        on, off = r["plain_fa_on"]["day1"]["ttft_s"], r["plain_same_flags"]["day1"]["ttft_s"]
+        fa.append(f"{on:.3f} s (fa on) | {off:.3f} s (fa off) | {off / max(on, 1e-6):.2f}x")
+    row("the same on plain: flash attention on against the pods' off", fa)
+    if all("third_session" in r for r in runs):
+        row("3rd concurrent session, same day (plain: flash attention on)",
+            [cells(r["third_session"]["plain"][2]["ttft_s"], r["third_session"]["fleet"][2]["ttft_s"])
+             for r in runs])
+    return "\n".join(lines) + "\n"
