@@ -2,7 +2,8 @@
 
 The fleet is `examples/local-fleet.yaml` (2 pods x 4 slots, the tiny hybrid model). Hermes (installed
 once into the cache, `llamafleet_local.hermes`) runs `hermes chat -q` in a `git init` workspace three
-times: on day 1, then on day 2 (its clock moved by libfaketime) twice. Each session's first request
+times: on day 1, after every pod restarted on day 2 (its clock moved by libfaketime), and after the
+whole fleet restarted on day 3. Each session's first request
 carries Hermes's whole prefix (18 tools and a system prompt, about 13K tokens) whose only change from day
 1 to day 2 is the `Conversation started:` line, two lines before its end. What the gateway did with each
 request (`x-llamafleet-action`) and what the server reused (`cache_n`) come from the gateway's log, what
@@ -22,7 +23,6 @@ import contextlib
 import dataclasses
 import datetime as dt
 import difflib
-import io
 import json
 import sqlite3
 from pathlib import Path
@@ -31,10 +31,10 @@ from typing import Any
 import pytest
 
 from llamafleet_local.bench.scenarios import prompt_tokens_processed
+from llamafleet_local.bench.setups import Fleet
 from llamafleet_local.hermes import HermesClient, SessionResult, git_workspace, install
 from llamafleet_local.reliability.bed import until
-from llamafleet_local.up import LocalFleet, UpOptions, load_fleet
-from llamafleet_local.up.progress import Reporter
+from llamafleet_local.up import LocalFleet, load_fleet
 
 pytestmark = [pytest.mark.slow, pytest.mark.llama, pytest.mark.redis]
 
@@ -114,32 +114,46 @@ class Session:
                 f"pods computed {self.computed} prompt tokens; {reqs or 'none'}")
 
 
-async def test_hermes_on_a_later_day_reuses_the_prefix_it_sent_the_day_before(
+async def test_hermes_on_later_days_reuses_its_prefix_after_pod_and_whole_fleet_restarts(
     llama_server_bin: Path, tmp_path: Path,
 ) -> None:
+    """Day 1; every pod restarted; day 2; the whole fleet stopped and started again on the same state
+    folder (pods, agents, gateway and index all new: only the pods' snapshot files survive); day 3. Days
+    2 and 3 reuse Hermes's prefix instead of computing it again."""
     hermes = await asyncio.to_thread(install)
     config = load_fleet(FLEET)
     config = dataclasses.replace(config, local=config.local.model_copy(
         update={"llama_server": str(llama_server_bin)}))
     home = tmp_path / "home" / "dev"
     workspace = await asyncio.to_thread(git_workspace, home / "projects" / "service")
-    options = UpOptions(port=0, run_dir=tmp_path / "run", pod_timeout=180.0)
+    state = tmp_path / "state"
     sessions: list[Session] = []
-    async with LocalFleet(config, options, Reporter(io.StringIO())) as fleet:
-        await fleet.wait_ready(300.0)
-        client = HermesClient(hermes, home, base_url=fleet.gateway_url + "/v1", model=fleet.model,
-                              max_tokens=MAX_TOKENS)
-        log = fleet.run_dir / "gateway.log"
-        pods = [pod.layout.llama_url for pod in fleet.pods]
-        for name, day, question in (("day 1", DAY, "What is 2+2?"),
-                                    ("day 2", DAY + dt.timedelta(days=1), "What is 3+3?"),
-                                    ("day 2 again", DAY + dt.timedelta(days=1), "What is 4+4?")):
-            before, computed = len(finished(log)), await prompt_tokens_processed(fleet.http, pods)
-            result = await asyncio.to_thread(client.chat, question, workspace, day=day,
-                                             timeout=SESSION_TIMEOUT)
-            await settled(fleet)
-            computed = await prompt_tokens_processed(fleet.http, pods) - computed
+    client: HermesClient | None = None
+    plan = (("day 1", 0, "What is 2+2?", None), ("day 2, pods restarted", 1, "What is 3+3?", "pods"),
+            ("day 3, whole fleet restarted", 2, "What is 4+4?", "fleet"))
+    fleet = Fleet(config, tmp_path / "run-1", state)
+    await fleet.start()
+    try:
+        for name, days, question, restart in plan:
+            if restart == "pods":
+                await fleet.restart_all()
+            elif restart == "fleet":
+                await fleet.stop()
+                fleet = Fleet(config, tmp_path / "run-2", state)
+                await fleet.start()
+            client = HermesClient(hermes, home, base_url=fleet.url + "/v1", model=fleet.fleet.model,
+                                  max_tokens=MAX_TOKENS)
+            log = fleet.gateway_log
+            pods = fleet.servers
+            before, computed = len(finished(log)), await prompt_tokens_processed(fleet.fleet.http, pods)
+            result = await asyncio.to_thread(client.chat, question, workspace,
+                                             day=DAY + dt.timedelta(days=days), timeout=SESSION_TIMEOUT)
+            await settled(fleet.fleet)
+            computed = await prompt_tokens_processed(fleet.fleet.http, pods) - computed
             sessions.append(Session(name, result, finished(log)[before:], computed))
+    finally:
+        await fleet.stop()
+    assert client is not None
 
     # What Hermes itself changed between sessions (expected: the date line alone, as in the committed
     # layout); shown with the summary, since a prefix that moved elsewhere explains a miss.
@@ -148,11 +162,11 @@ async def test_hermes_on_a_later_day_reuses_the_prefix_it_sent_the_day_before(
                         *(f"system prompt of session {i} against session 1: {changed_lines(prompts[0], p)}"
                           for i, p in enumerate(prompts[1:], 2))])
     print(report)
-    day1, day2, again = sessions
+    day1, day2, day3 = sessions
     for s in sessions:
         assert s.result.ok, f"{s.name}:\n{s.result.stdout}\n{s.result.stderr}\n{report}"
         assert s.requests and all(r["status"] == 200 for r in s.requests), report
     assert prompt_tokens(day1.requests[0]) > 10_000, report  # Hermes's whole prefix reached the fleet
     assert day1.computed > 10_000, report  # and day 1 had nothing to reuse
-    assert reused(day2), f"day 2 computed Hermes's prefix again:\n{report}"
-    assert reused(again), f"a second session of day 2 did not reuse day 2's prefix:\n{report}"
+    assert reused(day2), f"day 2 (pods restarted) computed Hermes's prefix again:\n{report}"
+    assert reused(day3), f"day 3 (whole fleet restarted) computed Hermes's prefix again:\n{report}"
