@@ -8,7 +8,6 @@ of an agent session's prefix (~12K characters), as with a real agent client.
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,16 +28,6 @@ def config_path(tmp_path: Path, llama_server_bin: Path) -> Path:
     path = tmp_path / "fleet.yaml"
     path.write_text(fleet_yaml(llama_server_bin, replicas=1, slots=2, context=8192))
     return path
-
-
-@pytest.fixture
-def runs() -> Iterator[list[Up]]:
-    started: list[Up] = []
-    try:
-        yield started
-    finally:
-        for up in started:
-            up.terminate()
 
 
 def ask(http: httpx.Client, up: Up, spec: WorkloadSpec, question: str) -> tuple[str, str]:

@@ -14,7 +14,6 @@ import io
 import os
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -28,16 +27,6 @@ from tests.local.up_bed import Up, describe, fleet_yaml, start_up, strays, wait_
 pytestmark = [pytest.mark.llama, pytest.mark.redis]
 
 RULES = " ".join(f"Rule {i}: answer briefly and name files by their path." for i in range(40))
-
-
-@pytest.fixture
-def runs() -> Iterator[list[Up]]:
-    started: list[Up] = []
-    try:
-        yield started
-    finally:
-        for up in started:
-            up.terminate()
 
 
 def test_sigkill_of_up_leaves_no_process_behind(tmp_path: Path, llama_server_bin: Path,
