@@ -49,7 +49,8 @@ def test_a_later_day_parts_from_yesterdays_head_at_a_line_start_before_its_date(
 
 def test_the_same_head_teaches_nothing_and_a_slot_run_places_the_cut_to_the_block() -> None:
     day1, day2 = head(1), head(2)
-    assert cuts_for(day1, HeadFamily(heads=(record(day1),))) == LearnedCuts()
+    same = cuts_for(day1, HeadFamily(heads=(record(day1),)))
+    assert same.cuts == () and same.point is None and same.head == record(day1)
     blocks1 = block_chain(day1, seed="m", block_chars=BC)
     run = common_blocks(blocks1, block_chain(day2, seed="m", block_chars=BC))
     by_slot = cuts_for(day2, HeadFamily(), slot_runs=(run,))

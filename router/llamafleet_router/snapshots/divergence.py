@@ -40,11 +40,12 @@ _CUT_DIGEST = 8  # bytes per cut hash: 16 hex characters, as block hashes
 
 @dataclass(frozen=True, slots=True)
 class LearnedCuts:
-    """The cuts a head's build saves beyond its stage points, and the divergence point it teaches the
-    family (None when it parts from nothing the fleet holds)."""
+    """The cuts a head's build saves beyond its stage points, the divergence point it teaches the
+    family (None when it parts from nothing the fleet holds), and the head's own record."""
 
     cuts: tuple[int, ...] = ()
     point: DivergencePoint | None = None
+    head: HeadRecord | None = None
 
 
 def family_of(blocks: tuple[str, ...] | list[str]) -> str | None:
@@ -110,7 +111,7 @@ def learned_cuts(
         placed = _place(text, head_chars, known, min_chars)
         if placed is not None and placed not in cuts:
             cuts.append(placed)
-    return LearnedCuts(tuple(sorted(cuts[:limit])), point)
+    return LearnedCuts(tuple(sorted(cuts[:limit])), point, HeadRecord(chain, head_chars, own_hash))
 
 
 def _place(text: str, head_chars: int, known: DivergencePoint, min_chars: int) -> int | None:

@@ -41,7 +41,7 @@ class HeadFamilies:
             prompt.text, prompt.session_chars, prompt.blocks, family, lookup.slots.values(),
             block_chars=config.block_chars, min_chars=config.first_sight_min_chars, limit=config.learned_cuts,
             held=_held(prompt, lookup, restored))
-        head = head_record(prompt.text, prompt.session_chars)
+        head = learned.head or head_record(prompt.text, prompt.session_chars)
         points = (learned.point,) if learned.point is not None else ()
         if learned.point is not None:
             log.info("divergence point learned", extra={
