@@ -40,3 +40,14 @@ def test_day_bodies_are_the_real_clients_layout_and_differ_only_at_the_date_and_
     cut = next(i for i, (a, b) in enumerate(zip(s1, s2, strict=False)) if a != b)
     assert s1[:cut].endswith("Conversation started: ") or "Conversation started" in s1[cut - 40:cut]
     assert one["max_tokens"] == 8 and one["stream"] is True
+
+
+def test_the_first_session_row_takes_the_median_of_the_alternated_rounds() -> None:
+    raw = {"models": {"m": {**RAW["models"]["tiny-hybrid"], "first_sessions": {
+        "plain_same_flags": [{"ttft_s": t} for t in (1.0, 3.0, 1.2)],
+        "plain_fa_on": [{"ttft_s": t} for t in (0.9, 0.8, 5.0)],
+        "fleet": [{"ttft_s": t} for t in (1.1, 1.3, 9.0)]}}}}
+    got = ratios(raw)["m"]
+    assert got["first_session_vs_same_flags"] == round(1.3 / 1.2, 2)
+    assert got["first_session_fa_on_vs_same_flags"] == round(0.9 / 1.2, 2)
+    assert "| 1.200 s | 1.300 s | 0.9x |" in markdown(raw)  # plain over fleet, as every row

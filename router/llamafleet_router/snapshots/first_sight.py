@@ -74,6 +74,12 @@ class Flights:
 StageKeys = dict[int, tuple[str, str]]  # stage cut (chars) -> its flight key
 
 
+def _first_cut(points: Sequence[int], extra: Sequence[int], block_chars: int, session_chars: int,
+               ) -> int | None:
+    """The first cut a build would save (stage points and extra cuts alike), if any."""
+    return min((c for c in {*points, *extra} if block_chars <= c < session_chars), default=None)
+
+
 def prompt_stages(prompt: Prompt, config: SnapshotConfig) -> list[int]:
     """The stage points of a prompt's session prefix: one function for the build that saves them and
     for the requests that wait for them, so both name the same stages."""
@@ -197,17 +203,33 @@ class StagedPrefill:
         session = prompt.text[: prompt.session_chars]
         llama = LlamaClient(target.url, self._http)
         agent = AgentClient(target.agent_url, self._http, self._config.token)
+        points = prompt_stages(prompt, self._config)
+        # A head with nothing of it in the slot: its first stage is prefilled from its text while the
+        # whole head is tokenized beside it (`/tokenize` runs in the server's HTTP threads, the prefill
+        # in its main loop), so the tokenize (~0.1 s at 14K tokens here) no longer comes first. The
+        # server's own count for that text is checked against the head's tokens before the stage is
+        # saved; a mismatch only costs that stage (the next prefill reuses what matches).
+        ahead = _first_cut(points, extra_cuts, self._config.block_chars, prompt.session_chars)
+        early = None
+        if start_tokens == 0 and ahead is not None:
+            early = asyncio.ensure_future(self._prefill_text(llama, session[:ahead], slot))
         try:
             with spent("tokenize"):
                 tokens, pieces = await tokenize_pieces(self._http, target.url, session)
         except (LlamaError, KeyError, ValueError, TypeError) as exc:
             self._fail("tokenize", "llama", str(exc))
+            if early is not None:
+                await early
             return None
+        held = 0  # tokens of the head the early prefill left in the slot
+        if early is not None:
+            with spent("prefill"):
+                held = await early
         ends = TokenEnds.from_pieces(session, pieces)
         cuts: list[tuple[int, int]] = []  # (chars, tokens)
-        points: list[int] = []
-        if ends is not None:
-            points = prompt_stages(prompt, self._config)
+        if ends is None:
+            points = []
+        else:
             for chars in sorted({*points, *extra_cuts}):
                 n = ends.tokens_at(chars)
                 if n is not None and start_tokens < n < len(tokens) and chars >= self._config.block_chars:
@@ -217,9 +239,10 @@ class StagedPrefill:
             kind = "dv" if chars in extra_cuts and chars not in points else "st"
             if (exact_text_hash(prompt.text[:chars]), chars) in known:
                 continue
-            with spent("prefill"):
-                if not await self._prefill(llama, tokens[:n], slot):
-                    return None
+            if n != held:  # (the early prefill holds exactly this stage when its count matches)
+                with spent("prefill"):
+                    if not await self._prefill(llama, tokens[:n], slot):
+                        return None
             done = n
             with spent("save"):
                 ref = await self._save(agent, prompt, target, slot, kind, chars, tokens[:n])
@@ -230,6 +253,16 @@ class StagedPrefill:
                 return None
         with spent("save"):
             return await self._save(agent, prompt, target, slot, "fs", prompt.session_chars, tokens)
+
+    async def _prefill_text(self, llama: LlamaClient, text: str, slot: int) -> int:
+        """Prefill `text` (tokenized by the server, as a chat prompt is); the prompt tokens it computed,
+        0 when it failed (the build goes on from the tokens)."""
+        try:
+            result = await llama.prefill(text, slot, timeout=_PREFILL_TIMEOUT_S)
+            return int(result.get("tokens_evaluated", 0))
+        except (LlamaError, ValueError, TypeError) as exc:
+            self._fail("prefill", "llama", str(exc))
+            return 0
 
     async def _prefill(self, llama: LlamaClient, tokens: list[int], slot: int) -> bool:
         try:
