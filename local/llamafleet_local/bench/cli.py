@@ -48,10 +48,10 @@ async def seed_table(plan: Plan, out: Path, run_dir: Path, *, real_client: bool 
     for model in plan.models:
         raw["models"][model] = await run_model(model, plan, run_dir, say)
     if real_client:  # the same rows on a real agent client's requests (bench/later_days.py)
-        from llamafleet_local.bench import later_days
+        from llamafleet_local.bench import later_days, later_days_report
 
         raw["real_client"] = await later_days.later_days(plan.models, run_dir / "real-client", say)
-        raw["real_client"]["ratios"] = later_days.ratios(raw["real_client"])
+        raw["real_client"]["ratios"] = later_days_report.ratios(raw["real_client"])
     raw["seconds"] = time.perf_counter() - started
     return raw
 
@@ -80,12 +80,12 @@ def write(raw: dict[str, Any], out: Path, stem: str = "seed_table") -> str:
 def _real_client_section(raw: dict[str, Any]) -> list[str]:
     if "real_client" not in raw:
         return []
-    from llamafleet_local.bench import later_days
+    from llamafleet_local.bench import later_days_report
 
     return ["The real client's layout (Hermes Agent's captured requests: 18 tools and its system prompt, the "
             "date three lines before the head's end), one run each; plain is one llama-server with the "
             "fleet pods' own command line unless the row says otherwise:", "",
-            later_days.markdown(raw["real_client"])]
+            later_days_report.markdown(raw["real_client"])]
 
 
 def main(argv: list[str] | None = None) -> int:

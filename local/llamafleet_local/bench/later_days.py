@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import json
-import statistics
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -33,6 +32,7 @@ import httpx
 
 from llamafleet_local.bench import scenarios as sc
 from llamafleet_local.bench.client import Reply, stream_chat
+from llamafleet_local.bench.later_days_report import first_medians, markdown, ratios
 from llamafleet_local.bench.run import Plan, fleet_docs
 from llamafleet_local.bench.setups import BASELINE_FLASH_ATTENTION, Fleet, PlainPods
 from llamafleet_local.hermes_layout import hermes_profile
@@ -66,6 +66,7 @@ class FleetRun:
         self.starts += 1
         self.setup = Fleet(self.config, self.run_dir / f"start-{self.starts}", self.state_dir)
         await self.setup.start()
+        await _listed(self.setup)
         return self.setup.url
 
     async def restart_pods(self) -> str:
@@ -91,6 +92,19 @@ class FleetRun:
                     rec = json.loads(line)
                     out.append(f"{rec.get('action')}/{rec.get('branch')}")
         return out
+
+
+async def _listed(setup: Fleet, timeout: float = 30.0) -> None:
+    """Until the new gateway has listed every pod's snapshots (it does within a second of seeing the
+    pods): a later day's first session comes hours after a restart, not within its first second."""
+    gateway: Any = setup.fleet.app.state.gateway
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        flow = gateway.snapshots
+        if flow is not None and not flow.resync.pending(await gateway.discovery.endpoints()):
+            return
+        await asyncio.sleep(0.05)
+    raise TimeoutError(f"the gateway did not list every pod's snapshots within {timeout:.0f}s")
 
 
 def _summary(reply: Reply) -> dict[str, Any]:
@@ -148,7 +162,7 @@ async def later_days(models: tuple[str, ...], run_dir: Path, say: Callable[[str]
         result["third_session"] = await third_sessions(config, resolved, run_dir / model, model)
         result["first_sessions"] = await first_sessions(config, resolved, run_dir / model, model)
         say(f"{model} first sessions of never-seen heads: " + ", ".join(
-            f"{k} {t:.3f} s" for k, t in _first_medians(result).items()))
+            f"{k} {t:.3f} s" for k, t in first_medians(result).items()))
         say(f"{model} 3rd concurrent session: plain {result['third_session']['plain'][2]['ttft_s']:.3f} s, "
             f"fleet {result['third_session']['fleet'][2]['ttft_s']:.3f} s")
         for name in ("fleet_pods_restarted", "fleet_whole_restarted"):
@@ -214,32 +228,6 @@ async def first_sessions(config: FleetConfig, resolved: Resolved, folder: Path, 
     return out
 
 
-def ratios(raw: dict[str, Any]) -> dict[str, dict[str, float]]:
-    """Plain (same flags) over fleet, per model and row: the figures the README and issue name."""
-    out: dict[str, dict[str, float]] = {}
-    for model, r in raw["models"].items():
-        plain = r["plain_same_flags"]
-
-        def ratio(setup: str, day: str, base: dict[str, Any] = plain, res: dict[str, Any] = r) -> float:
-            return round(float(base[day]["ttft_s"]) / max(float(res[setup][day]["ttft_s"]), 1e-6), 2)
-
-        first = _first_medians(r)
-        out[model] = {
-            "first_session_vs_same_flags": round(first["fleet"] / max(first["plain_same_flags"], 1e-6), 2),
-            "first_session_fa_on_vs_same_flags": round(first["plain_fa_on"]
-                                                       / max(first["plain_same_flags"], 1e-6), 2),
-            "day2_pods_restarted": ratio("fleet_pods_restarted", "day2"),
-            "day3_pods_restarted": ratio("fleet_pods_restarted", "day3"),
-            "day2_whole_restarted": ratio("fleet_whole_restarted", "day2"),
-            "day3_whole_restarted": ratio("fleet_whole_restarted", "day3"),
-        }
-        if "third_session" in r:
-            third = r["third_session"]
-            out[model]["third_session"] = round(
-                third["plain"][2]["ttft_s"] / max(third["fleet"][2]["ttft_s"], 1e-6), 2)
-    return out
-
-
 def main(models: tuple[str, ...], out: Path, run_dir: Path, say: Callable[[str], None]) -> dict[str, Any]:
     raw = asyncio.run(later_days(models, run_dir, say))
     raw["ratios"] = ratios(raw)
@@ -248,51 +236,3 @@ def main(models: tuple[str, ...], out: Path, run_dir: Path, say: Callable[[str],
     (out / "later_days.md").write_text(f"Later days and first sessions, {raw['started']}, one run each.\n\n"
                                        + markdown(raw))
     return raw
-
-
-
-def _first_medians(r: dict[str, Any]) -> dict[str, float]:
-    """Median first-session TTFT per setup (the alternated rounds; one day-1 sample in older runs)."""
-    if "first_sessions" in r:
-        return {k: float(statistics.median(x["ttft_s"] for x in v)) for k, v in r["first_sessions"].items()}
-    return {"plain_same_flags": r["plain_same_flags"]["day1"]["ttft_s"],
-            "plain_fa_on": r["plain_fa_on"]["day1"]["ttft_s"],
-            "fleet": r["fleet_pods_restarted"]["day1"]["ttft_s"]}
-
-
-ROWS = (  # (label, fleet setup, day): TTFT of plain with the same flags over the fleet's
-    ("a day-2 session after day 1, pods restarted", "fleet_pods_restarted", "day2"),
-    ("a day-3 session after days 1 and 2, pods restarted", "fleet_pods_restarted", "day3"),
-    ("a day-2 session after day 1, whole fleet restarted", "fleet_whole_restarted", "day2"),
-    ("a day-3 session after days 1 and 2, whole fleet restarted each day", "fleet_whole_restarted", "day3"),
-)
-
-
-def markdown(raw: dict[str, Any]) -> str:
-    """The real client's rows: time to first token, plain and fleet, and their ratio, per model."""
-    models = list(raw["models"])
-    head = "| Hermes Agent's requests | " + " | ".join(
-        f"{m} plain | {m} llamafleet | ratio" for m in models) + " |"
-    lines = [head, "|---|" + "---:|---:|---:|" * len(models)]
-
-    def cells(plain: float, fleet: float) -> str:
-        return f"{plain:.3f} s | {fleet:.3f} s | {plain / max(fleet, 1e-6):.1f}x"
-
-    runs = list(raw["models"].values())
-
-    def row(label: str, values: list[str]) -> None:
-        lines.append(f"| {label} | " + " | ".join(values) + " |")
-
-    for label, setup, day in ROWS:
-        row(label, [cells(r["plain_same_flags"][day]["ttft_s"], r[setup][day]["ttft_s"]) for r in runs])
-    firsts = [_first_medians(r) for r in runs]
-    row("first session of a never-seen head (plain: the pods' own flags; medians of the rounds)",
-        [cells(f["plain_same_flags"], f["fleet"]) for f in firsts])
-    row("the same on plain: flash attention on against the pods' off",
-        [f"{f['plain_fa_on']:.3f} s (fa on) | {f['plain_same_flags']:.3f} s (fa off) | "
-         f"{f['plain_same_flags'] / max(f['plain_fa_on'], 1e-6):.2f}x" for f in firsts])
-    if all("third_session" in r for r in runs):
-        row("3rd concurrent session, same day (plain: flash attention on)",
-            [cells(r["third_session"]["plain"][2]["ttft_s"], r["third_session"]["fleet"][2]["ttft_s"])
-             for r in runs])
-    return "\n".join(lines) + "\n"
