@@ -40,7 +40,7 @@ async def test_the_snapshot_is_not_used_when_the_agent_dies_mid_transfer(bed: Be
     """The agent a peer pulls from is killed (its pod's link cut) after part of the file crossed: the
     pull fails, the answer comes right without the cut snapshot, and the puller shows no copy of it."""
     result = await kill_agent(bed)
-    assert result.checks["transfers_cut"] == 2 and result.wrongly_restored == 0
+    assert result.checks["transfers_cut"] == 2 and result.wrongly_restored == 0, result.checks
     assert all(t["pull_failures"] >= 1 and 0 < t["bytes_relayed"] < t["size"]
                for t in result.checks["transfers"]), result.checks
     check(result)

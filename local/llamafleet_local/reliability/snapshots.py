@@ -70,14 +70,23 @@ def _size(folder: Path, name: str) -> int:
 
 
 async def _hold(bed: Bed, pod: int, take: bool) -> None:
+    """Take (or give back) every slot lease of the pod as another replica would. A slot the gateway
+    still holds (the last request's lease until its index record is written, a slot lent to priming
+    after that request answered) is waited for: a hold that silently missed one let the next session
+    land on the pod it was meant to avoid."""
     assert bed.fleet.index is not None
     leases = bed.fleet.index.leases
     for slot in range(2):
         ref = SlotRef(bed.pod(pod).layout.llama_url, slot)
-        if take:
-            await leases.acquire(ref, OTHER_REPLICA, 60.0)
-        else:
+        if not take:
             await leases.release(ref, OTHER_REPLICA)
+            continue
+
+        async def held(ref: SlotRef = ref) -> bool:
+            return await leases.acquire(ref, OTHER_REPLICA, 60.0)
+
+        if await until(held, 30.0, every=0.01) is None:
+            raise RuntimeError(f"could not hold {ref.key()}: the gateway never gave its lease back")
 
 
 def _pull_failures(bed: Bed) -> float:
