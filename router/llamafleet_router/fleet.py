@@ -74,17 +74,6 @@ def served_models(pods: Sequence[PodStatus]) -> list[str]:
     return sorted({pod.model for pod in pods if pod.model})
 
 
-def context_lengths(pods: Sequence[PodStatus]) -> dict[str, int]:
-    """Per model, the smallest slot context among its pods whose `/props` was read: what one request can
-    count on. Agent clients size their window from it (Hermes Agent reads `context_length` or
-    `max_model_len` in `/v1/models`, and assumed 256K tokens without it)."""
-    out: dict[str, int] = {}
-    for pod in pods:
-        if pod.props is not None and pod.model and pod.props.n_ctx > 0:
-            out[pod.model] = min(out.get(pod.model, pod.props.n_ctx), pod.props.n_ctx)
-    return out
-
-
 def resolve_model(requested: str | None, pods: Sequence[PodStatus]) -> str:
     """The model a request is for, or the right 4xx/503.
 

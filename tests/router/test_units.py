@@ -146,17 +146,3 @@ async def test_health_is_unavailable_until_the_embedders_readiness_says_ready(ma
         second = await client.get("/health")
     assert first.status_code == 503 and first.json()["fleet"] == {"prefixes_warm": False}
     assert second.status_code == 200 and second.json()["status"] == "ok"
-
-
-def test_a_models_context_length_is_its_smallest_slot_context_among_pods_read() -> None:
-    from llamafleet_core.types import Endpoint, PodRef
-    from llamafleet_router.discovery.base import PodProps, PodStatus
-    from llamafleet_router.fleet import context_lengths
-
-    def pod(name: str, model: str, n_ctx: int | None) -> PodStatus:
-        ep = Endpoint(PodRef(name, name, 1), f"http://{name}", model, 4)
-        props = None if n_ctx is None else PodProps(model=model, total_slots=4, n_ctx=n_ctx)
-        return PodStatus(ep, props)
-
-    pods = [pod("a", "m", 8192), pod("b", "m", 4096), pod("c", "m", None), pod("d", "other", 0)]
-    assert context_lengths(pods) == {"m": 4096}  # unread pods and unknown contexts say nothing

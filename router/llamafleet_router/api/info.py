@@ -15,7 +15,7 @@ from starlette.responses import JSONResponse, Response
 from llamafleet_router.api.gateway import Gateway
 from llamafleet_router.auth import authenticate
 from llamafleet_router.errors import NOT_FOUND, SERVER, ApiError
-from llamafleet_router.fleet import context_lengths, served_models
+from llamafleet_router.fleet import served_models
 
 log = logging.getLogger(__name__)
 
@@ -38,10 +38,7 @@ class InfoRoutes:
             return err.response()
         assert g.discovery is not None
         pods = await g.discovery.endpoints()
-        contexts = context_lengths(pods)
-        data = [{"id": model, "object": "model", "created": 0, "owned_by": "llamafleet",
-                 **({"context_length": contexts[model], "max_model_len": contexts[model]}
-                    if model in contexts else {})}
+        data = [{"id": model, "object": "model", "created": 0, "owned_by": "llamafleet"}
                 for model in served_models(pods)]
         return JSONResponse({"object": "list", "data": data})
 
