@@ -147,22 +147,21 @@ class SnapshotFlow:
             return await self._wait(req, decision, flight, agents)
         self.metrics.first_sight.labels("leader").inc()
         started = time.perf_counter()
-        extra = await self.families.cuts_for(prompt, lookup, restored.snapshot if restored else None)
         known = frozenset((s.text_hash, s.n_chars) for s in lookup.snapshots if s != failed)
         base = restored.snapshot if restored is not None else held_stage(
             prompt.text, prompt.session_chars, (decision.predicted_blocks + 1) * self.config.block_chars,
             [x for x in lookup.snapshots if x != failed], window=DETACH_MAX_TAIL_CHARS)
         tail = prompt.session_chars - base.n_chars if base is not None else 0
+        learn = self.families.cuts_for(prompt, lookup, restored.snapshot if restored else None)
         if base is not None and self.borrow is not None and 0 < tail <= DETACH_MAX_TAIL_CHARS:
-            # The slot resumes from a stage (restored, or held since a previous day's session) and only
-            # a short tail is new (a later day: the date line). Building the session prefix here would
-            # hold the request for a tokenize, a prefill and a save; build it in another slot from the
-            # stage's snapshot instead, and forward now.
-            # Claimed before the borrow's awaits (a schedule, leases): a session joining the flight
-            # meanwhile goes on as decided rather than waiting, as it would once the build runs.
+            # The slot resumes from a stage (restored, or held since a previous day) and only a short
+            # tail is new: build the head in another slot from the stage's snapshot and forward now.
+            # Claimed before any await (the family's read, the borrow's schedule and leases): a session
+            # joining the flight meanwhile goes on as decided rather than waiting.
             self._detached.claim(key)
             borrowed = None
             try:
+                extra = await learn
                 borrowed = await self.borrow(req)
             finally:
                 if borrowed is None:
@@ -172,6 +171,8 @@ class SnapshotFlow:
                 self._detached.start(req, prompt, key, base, borrowed, agents, extra, known)
                 branch = "restore_first_sight_detached" if restored is not None else "first_sight_detached"
                 return replace(decision, branch=branch)
+        else:
+            extra = await learn
         stages = self.stage_flights.open(prompt, restored.snapshot.n_chars if restored else 0)
         build = asyncio.ensure_future(self.staged.build(
             prompt, target, decision.slot, start_tokens=restored.n_tokens if restored else 0,
