@@ -14,7 +14,7 @@ from llamafleet_core.index.base import PrefixIndex
 from llamafleet_core.types import DivergencePoint, HeadFamily, HeadRecord, Lookup, SnapshotRef
 from llamafleet_router.background import TaskSet
 from llamafleet_router.snapshots.base import SnapshotConfig
-from llamafleet_router.snapshots.divergence import family_of, head_record, learned_cuts
+from llamafleet_router.snapshots.divergence import family_of, learned_cuts
 from llamafleet_router.snapshots.first_sight import Prompt
 
 log = logging.getLogger(__name__)
@@ -41,7 +41,8 @@ class HeadFamilies:
             prompt.text, prompt.session_chars, prompt.blocks, family, lookup.slots.values(),
             block_chars=config.block_chars, min_chars=config.first_sight_min_chars, limit=config.learned_cuts,
             held=_held(prompt, lookup, restored))
-        head = learned.head or head_record(prompt.text, prompt.session_chars)
+        head = learned.head
+        assert head is not None  # learned_cuts always returns the head's record
         points = (learned.point,) if learned.point is not None else ()
         if learned.point is not None:
             log.info("divergence point learned", extra={
