@@ -24,13 +24,15 @@ $(VENV)/.installed: pyproject.toml
 
 venv: $(VENV)/.installed
 
+# Both builds of llama-server: upstream, and patched with the project's series (patches/llama.cpp).
 build-server: venv
 	$(VENV)/bin/llamafleet build-server
+	$(VENV)/bin/llamafleet build-server --patched
 
 models: venv
 	$(VENV)/bin/llamafleet models
 
-# The real test bed: the llama-server binary and the tiny GGUF models (both cached).
+# The real test bed: the llama-server binaries and the tiny GGUF models (all cached).
 bed: build-server models
 
 lint: venv

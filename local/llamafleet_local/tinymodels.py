@@ -65,8 +65,13 @@ class Recipe:
     ssm_group_count: int = 2
     ssm_time_step_rank: int = 4
     ssm_inner_size: int = 64
+    # The spread of the random weights. At 0.02 the logits are nearly uniform and hardly depend on the
+    # context: fine for timing and cache tests, useless for telling a right KV cache from a wrong one.
+    # The `-sharp` models draw them wider, so their greedy outputs follow the prompt.
+    weight_scale: float = 0.02
 
 
+SHARP_SCALE = 0.3
 _DENSE = Recipe(name="tiny-dense", arch="qwen2", vocab="qwen2", template=TEMPLATE_TOOLS_FIRST, n_layer=2)
 _HYBRID = Recipe(name="tiny-hybrid", arch="qwen35", vocab="qwen35", template=TEMPLATE_TOOLS_FIRST, n_layer=4)
 
@@ -77,6 +82,8 @@ RECIPES: dict[str, Recipe] = {
         _HYBRID,
         dataclasses.replace(_DENSE, name="tiny-dense-q3", template=TEMPLATE_TOOLS_AFTER),
         dataclasses.replace(_HYBRID, name="tiny-hybrid-q3", template=TEMPLATE_TOOLS_AFTER),
+        dataclasses.replace(_DENSE, name="tiny-dense-sharp", weight_scale=SHARP_SCALE),
+        dataclasses.replace(_HYBRID, name="tiny-hybrid-sharp", weight_scale=SHARP_SCALE),
     )
 }
 MODEL_NAMES: tuple[str, ...] = tuple(RECIPES)
@@ -84,8 +91,11 @@ MODEL_NAMES: tuple[str, ...] = tuple(RECIPES)
 
 def recipe_digest(recipe: Recipe, template_text: str, vocab_digest: str) -> str:
     """Digest of everything that determines the file's bytes (pure)."""
+    fields = dataclasses.asdict(recipe)
+    if fields["weight_scale"] == Recipe.weight_scale:
+        del fields["weight_scale"]  # the field came later: the models written before it keep their digest
     material = json.dumps(
-        {"version": RECIPE_VERSION, "recipe": dataclasses.asdict(recipe),
+        {"version": RECIPE_VERSION, "recipe": fields,
          "template": template_text, "vocab": vocab_digest},
         sort_keys=True,
     )
@@ -156,7 +166,7 @@ def _ffn(prefix: str, e: int, ff: int) -> dict[str, tuple[int, ...]]:
             prefix + "ffn_down.weight": (e, ff)}
 
 
-def _init(name: str, shape: tuple[int, ...], rng: Any) -> Any:
+def _init(name: str, shape: tuple[int, ...], rng: Any, scale: float) -> Any:
     """Norms start at one, `ssm_a` negative (a decay), the rest small normal noise."""
     import numpy as np
 
@@ -164,7 +174,7 @@ def _init(name: str, shape: tuple[int, ...], rng: Any) -> Any:
         return np.ones(shape, dtype=np.float32)
     if name.endswith("ssm_a"):
         return -np.exp(rng.standard_normal(shape)).astype(np.float32)
-    return (rng.standard_normal(shape) * 0.02).astype(np.float32)
+    return (rng.standard_normal(shape) * scale).astype(np.float32)
 
 
 def _write_hparams(writer: Any, recipe: Recipe) -> None:
@@ -237,7 +247,7 @@ def write_model(recipe: Recipe, path: Path, vocab_path: Path, template_text: str
     writer.add_chat_template(template_text)
     rng = np.random.default_rng(recipe.seed)
     for name, shape in tensor_shapes(recipe, n_vocab).items():
-        writer.add_tensor(name, _init(name, shape, rng))
+        writer.add_tensor(name, _init(name, shape, rng, recipe.weight_scale))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

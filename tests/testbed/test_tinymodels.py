@@ -80,9 +80,17 @@ def test_cache_key_changes_when_any_part_of_the_recipe_changes(monkeypatch: pyte
 @pytest.mark.models
 def test_every_model_has_its_own_cache_path_when_names_differ() -> None:
     paths = {model_path(name) for name in MODEL_NAMES}
-    assert len(paths) == len(MODEL_NAMES) == 4
+    assert len(paths) == len(MODEL_NAMES) == 6
     for name in MODEL_NAMES:
         assert model_path(name).name.startswith(f"{name}-")
+
+
+def test_weight_scale_joined_the_digest_without_changing_the_models_written_before() -> None:
+    """The default scale leaves a recipe's digest as it was; any other scale gives a new one."""
+    recipe = RECIPES["tiny-dense"]
+    base = recipe_digest(recipe, "template", "vocab")
+    assert recipe_digest(dataclasses.replace(recipe, weight_scale=0.3), "template", "vocab") != base
+    assert RECIPES["tiny-dense-sharp"].weight_scale > recipe.weight_scale
 
 
 def test_unknown_model_name_is_refused_when_asked() -> None:
