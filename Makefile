@@ -47,8 +47,15 @@ check: lint types
 crds: venv
 	$(PY) -m llamafleet_core.crd.generate
 
+# The real-server tests that start llama-server with flags of their own run again on the patched build,
+# its flags off: it must behave as upstream. Tests of `llamafleet up` and of feature detection stay on
+# upstream: a patched binary turns its flags on there (the fleet on patched pods).
+PATCHED_AS_UPSTREAM = tests/integration tests/agent tests/core/test_prefix_real_server.py \
+	tests/core/test_warming_real.py tests/security/test_secrets_real.py tests/testbed/test_server_bed.py
+
 test: bed check
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
+	LLAMAFLEET_TEST_BUILD=patched $(VENV)/bin/pytest -m llama $(PATCHED_AS_UPSTREAM) $(PYTEST_ARGS)
 
 # Needs nothing of the bed: no llama-server build, no llama.cpp sdist, no tiny model (tests/fixtures/bed_guard.py).
 test-fast: venv

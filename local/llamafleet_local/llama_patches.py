@@ -7,8 +7,9 @@ sdist. `$LLAMAFLEET_PATCHES` points at another series folder.
 The patched tree lives beside the upstream one in the cache and is made again only when the series'
 content changes. It is always made at the same path, so one build folder serves every version of the
 series and a change to one server file recompiles that file, not the whole of ggml. For that the files
-the old or the new series touch get a fresh mtime: the copy keeps upstream's mtimes, which would look
-older than the objects a previous series left in the build folder.
+the old or the new series touch and whose content changed get a fresh mtime (the copy keeps upstream's
+mtimes, which would look older than the objects a previous series left in the build folder), and those
+whose content did not change keep the previous tree's.
 """
 
 from __future__ import annotations
@@ -109,6 +110,22 @@ def _read_marker(tree: Path) -> dict[str, object] | None:
     return marker if isinstance(marker, dict) else None
 
 
+def _stamp(fresh: Path, previous: Path, touched: set[str]) -> None:
+    """Give each file the old or the new series touches the mtime an incremental build needs: the
+    previous tree's where its content did not change (nothing to recompile, even for a header every
+    file includes), now where it did."""
+    now = time.time()
+    for rel in touched:
+        path, before = fresh / rel, previous / rel
+        if not path.is_file():
+            continue
+        if before.is_file() and before.read_bytes() == path.read_bytes():
+            stat = before.stat()
+            os.utime(path, (stat.st_atime, stat.st_mtime))
+        else:
+            os.utime(path, (now, now))
+
+
 def patched_tree(upstream: Path, series: Series, root: Path) -> Path:
     """`root/llama.cpp`: the upstream tree with the series applied, made again when the series changed.
 
@@ -129,11 +146,7 @@ def patched_tree(upstream: Path, series: Series, root: Path) -> Path:
             _apply(fresh, patch, content)
         previously = old.get("touched") if old is not None else None
         touched = series.touched() | set(previously if isinstance(previously, list) else ())
-        now = time.time()
-        for rel in touched:
-            path = fresh / rel
-            if path.is_file():
-                os.utime(path, (now, now))
+        _stamp(fresh, tree, touched)
         (fresh / MARKER).write_text(json.dumps({"digest": digest, "touched": sorted(series.touched())}))
         if tree.exists():
             tree.rename(Path(tmp) / "previous")  # removed with the temporary folder

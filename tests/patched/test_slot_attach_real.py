@@ -148,6 +148,17 @@ def test_attached_sessions_agree_with_a_cold_run(
     assert bed.distance(next_day, cold[0]) > max(gaps)
 
 
+def test_cells_a_request_computed_without_the_prompt_cache_can_still_be_attached(
+    start_patched_server: StartLlamaServer, tiny_models: TinyModels
+) -> None:
+    """`cache_prompt: false` only keeps a request from reusing cells; the cells it computes are plain
+    and another slot attaches them (an adapter or an image would make them unshareable)."""
+    server = _server(start_patched_server, tiny_models, "dense")
+    bed.chat(server.url, bed.body("Computed cold.", max_tokens=2, slot=0, cache_prompt=False))
+    answer = bed.chat(server.url, bed.body("Attach it.", max_tokens=2, slot=1))
+    assert answer["timings"]["attached_n"] > 10_000
+
+
 def _start_fails(start: Callable[..., LlamaServerProcess], model: Path, args: tuple[str, ...]) -> str:
     with pytest.raises(Exception) as failed:
         start(model, slots=2, ctx=8192, extra_args=args)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -28,7 +29,8 @@ def _tree(root: Path) -> Path:
 def _patch_for(tree: Path, edits: dict[str, str], root: Path, name: str) -> Path:
     """A git-style patch of `edits` (path -> new text) against `tree`."""
     work = root / f"work-{name}"
-    subprocess.run(["cp", "-a", str(tree), str(work)], check=True)
+    shutil.rmtree(work, ignore_errors=True)
+    shutil.copytree(tree, work)
     env = {**os.environ, "GIT_CEILING_DIRECTORIES": str(root)}
     git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
     subprocess.run([*git, "init", "-q"], cwd=work, check=True, env=env)
@@ -74,6 +76,15 @@ def test_a_series_is_applied_once_and_again_only_when_its_content_changes(tmp_pa
     marker = (out / llama_patches.MARKER).read_text()
     assert patched_tree(tree, series, tmp_path / "patched") == out
     assert (out / llama_patches.MARKER).read_text() == marker, "same series: the tree is kept"
+
+    kept = _patch_for(
+        tree, {"src/a.cpp": "int a = 10;\n", "src/new.cpp": "int n;\n"}, tmp_path, "0001-a.patch"
+    )
+    extra = _patch_for(tree, {"src/b.cpp": "int b = 3;\n"}, tmp_path, "0002-b.patch")
+    before = (out / "src" / "a.cpp").stat().st_mtime
+    out = patched_tree(tree, _series(tmp_path, kept, extra), tmp_path / "patched")
+    assert (out / "src" / "a.cpp").stat().st_mtime == before, "unchanged content: not recompiled"
+    assert (out / "src" / "b.cpp").stat().st_mtime > 2_000_000
 
     second = _patch_for(tree, {"src/b.cpp": "int b = 20;\n"}, tmp_path, "0001-a.patch")
     changed = _series(tmp_path, second)
