@@ -2,11 +2,15 @@
 
 One 4-slot server per build, started in this process tree one after the other with the same pool
 (4 x 36,864 tokens, 1 thread, flash attention on, context checkpoints): upstream with a KV stream per
-slot, the patched build with `--kv-unified --kv-unified-per-slot 36864 --slot-attach`. Per model:
+slot, the patched build with `--kv-unified --kv-unified-per-slot 36864 --slot-attach`. Flash attention
+is on, as on GPUs: without it, attention over a unified cache computes every used cell of the pool,
+masked or not, so on CPU each slot's own prefill slows down with every cell the other slots hold.
+Per model:
 
 - `third`: three sessions of one prefix (generated agent prefixes of 14K, 24K and 32K tokens, and
   Hermes Agent's real head of about 13K): session 1 streams, sessions 2 and 3 start once it generates
-  (the seed table's scenario); the 3rd session's TTFT, and its greedy output against upstream's;
+  (the seed table's scenario); the 3rd session's TTFT, and the greedy outputs of sessions 2 and 3
+  against the same requests computed cold on the same server (and against upstream's);
 - `memory`: KV cells held by 1 to 4 sessions of one head, each with its own history (none, ~9K and
   ~18K tokens, up to 32K tokens each): upstream's from its `/slots` (each slot holds its own copy), the
   patched build's from its own `llamacpp:kv_cells_used` gauge;
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import platform
@@ -184,7 +189,11 @@ def run_model(name: str, sizes: list[int], workdir: Path) -> dict[str, Any]:
                 )
                 for s in sizes
             }
-            profiles["hermes"] = hermes_profile(WorkloadSpec())
+            # Hermes sends no temperature (it samples); greedy here, so its outputs can be compared
+            hermes = hermes_profile(WorkloadSpec())
+            profiles["hermes"] = dataclasses.replace(
+                hermes, fields={**hermes.fields, "temperature": 0, "seed": 42}
+            )
             for key, profile in profiles.items():
                 res["third"][key] = asyncio.run(
                     third_session(url, profile, f"attach-{key}", cold=build_name == "patched")
