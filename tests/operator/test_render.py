@@ -93,13 +93,17 @@ def test_minimal_fleet_downloads_the_model_and_runs_as_non_root() -> None:
     assert snapshots["emptyDir"] == {"sizeLimit": "8Gi"}
 
 
-def test_gpu_statefulset_gets_gpus_a40_nodes_and_a_claim_per_pod() -> None:
+def test_gpu_statefulset_gets_gpus_any_gpu_node_and_a_claim_per_pod() -> None:
+    """No `gpu.product`: the pod schedules on any GPU node (a default product would leave a first
+    install on any other GPU pending forever); a product given is a node selector."""
     objs = rendered("gpu-pvc")
     sts = objs["StatefulSet"]
     pod = sts["spec"]["template"]["spec"]
     server = containers(objs)["llama-server"]
     assert server["resources"]["limits"]["nvidia.com/gpu"] == 1
-    assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-A40"}
+    assert "nvidia.com/gpu.product" not in pod.get("nodeSelector", {})
+    pinned = rendered("unified-attach")["Deployment"]["spec"]["template"]["spec"]
+    assert pinned["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-A40"}
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
     dedicated = {"key": "dedicated", "operator": "Equal", "value": "llm", "effect": "NoSchedule"}
     assert dedicated in pod["tolerations"]

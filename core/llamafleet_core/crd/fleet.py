@@ -74,9 +74,10 @@ class GpuSpec(CRModel):
     """GPUs per pod and where such GPUs are."""
 
     count: int = Field(default=1, ge=0, le=16)
-    product: str = "NVIDIA-A40"
+    product: str = ""
     """Value of the `nvidia.com/gpu.product` node label to schedule on; empty to schedule on any GPU node.
-    (Not null: the API server prunes nulls and would apply this default again.)"""
+    (Empty by default: a default naming one product leaves a first install on any other GPU unscheduled.
+    Not null: the API server prunes nulls and would apply this default again.)"""
     resource_name: str = "nvidia.com/gpu"
 
 
