@@ -149,28 +149,31 @@ def _run_with_progress(cmd: list[str], cwd: Path, logfile: Path) -> None:
 
 def build(jobs: int | None = None, *, patched: bool = False) -> Path:
     """Return the llama-server binary (upstream, or with the patch series), building it when absent."""
-    own = os.environ.get(ENV_PATCHED_BINARY if patched else ENV_BINARY)
+    env_name = ENV_PATCHED_BINARY if patched else ENV_BINARY
+    own = os.environ.get(env_name)
     if own:
         path = Path(own)
         if not (path.is_file() and os.access(path, os.X_OK)):
-            name = ENV_PATCHED_BINARY if patched else ENV_BINARY
-            raise BuildError(f"{name}={own} is not an executable file")
+            raise BuildError(f"{env_name}={own} is not an executable file")
         return path
-    key = build_key()
+    base = build_key()
+    # Every version of the series shares one patched tree and one build folder
+    patched_build_dir = cache_root() / "build" / f"{base}-patched"
+    key = base
     if patched:
         try:
             series = load_series()
         except PatchError as exc:
             raise BuildError(str(exc)) from exc
-        key = f"{key}-patched-{series.digest()[:12]}"
+        key = f"{base}-patched-{series.digest()[:12]}"
     out_dir = cache_root() / "llama-server" / key
     binary = out_dir / "llama-server"
     if binary.is_file():
         return binary
     out_dir.mkdir(parents=True, exist_ok=True)
-    # Two test runs (or a test run and `make demo`) may ask at once: one builds, the other waits. Every
-    # version of the series shares one tree and one build folder, so patched builds share one lock.
-    lock_path = cache_root() / "build" / f"{build_key()}-patched.lock" if patched else out_dir / ".lock"
+    # Two test runs (or a test run and `make demo`) may ask at once: one builds, the other waits. The
+    # patched builds share their tree and folder, hence one lock for all of them.
+    lock_path = Path(f"{patched_build_dir}.lock") if patched else out_dir / ".lock"
     lock_path.parent.mkdir(parents=True, exist_ok=True)
     with lock_path.open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -183,8 +186,7 @@ def build(jobs: int | None = None, *, patched: bool = False) -> Path:
             tree = patched_tree(source_dir(), series, cache_root() / "src" / f"{SDIST_VERSION}-patched")
         except PatchError as exc:
             raise BuildError(str(exc)) from exc
-        return _build_into(binary, tree, cache_root() / "build" / f"{build_key()}-patched", jobs,
-                           what="patched llama-server")
+        return _build_into(binary, tree, patched_build_dir, jobs, what="patched llama-server")
 
 
 def _build_into(
@@ -196,7 +198,7 @@ def _build_into(
     jobs = jobs or max(1, os.cpu_count() or 1)
     log(f"configuring {what} {SDIST_VERSION} (log: {logfile})")
     _run_with_progress(["cmake", "-S", str(tree), "-B", str(build_dir), *CMAKE_FLAGS], tree, logfile)
-    log(f"building {what} with {jobs} jobs (about 6 minutes on 2 cores from scratch)")
+    log(f"building {what} with {jobs} jobs (about 10 minutes on 2 cores from scratch)")
     _run_with_progress(
         ["cmake", "--build", str(build_dir), "--target", "llama-server", "-j", str(jobs)], tree, logfile
     )

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import httpx
 import pytest
 
 from llamafleet_local.llama_process import LlamaServerProcess
@@ -210,8 +211,6 @@ def test_attach_turns_itself_off_where_it_cannot_share_safely(
 def test_bad_input_still_gets_a_4xx_with_attach_on(
     start_patched_server: StartLlamaServer, tiny_models: TinyModels
 ) -> None:
-    import httpx
-
     server = _server(start_patched_server, tiny_models, "dense")
     bad_json = httpx.post(
         server.url + "/v1/chat/completions",
