@@ -1,8 +1,13 @@
 """The agent's HTTP API (a Starlette app). See the package docstring for the routes.
 
-Only the router and the operator may call it: every route but the probes (`/health`, `/ready`) needs
-the shared bearer token, compared in constant time. JSON bodies are capped (1 MiB by default) before
-they are parsed.
+Only the router and the operator may call it: every route but the probes (`/health`, `/ready`) and
+`/metrics` needs the shared bearer token, compared in constant time. JSON bodies are capped (1 MiB by
+default) before they are parsed.
+
+`/metrics` is open so that Prometheus can scrape it without the token (the token can pull, restore and
+delete on every pod of its namespace; a scraper must never hold it). It holds no secret and no name:
+counters by operation, outcome and refusal kind, byte totals, snapshot counts and the server's feature
+flags; never a snapshot name, a prompt hash, a peer address or a token.
 """
 
 from __future__ import annotations
@@ -35,8 +40,9 @@ from llamafleet_agent.settings import AgentSettings
 from llamafleet_agent.store import Refused, SnapshotStore
 from llamafleet_core.gguf_meta import model_resume_kind
 
-# Probes: the kubelet cannot send the shared token, and readiness reveals nothing sensitive.
-PUBLIC_PATHS = frozenset({"/health", "/ready"})
+# Probes: the kubelet cannot send the shared token, and readiness reveals nothing sensitive. Metrics:
+# Prometheus holds no token either, and they hold no secret (module docstring).
+PUBLIC_PATHS = frozenset({"/health", "/ready", "/metrics"})
 
 
 class BearerAuth:
@@ -88,7 +94,9 @@ def create_app(
     token = token or settings.resolved_token()
     metrics = AgentMetrics(registry)
     settings.snapshot_dir.mkdir(parents=True, exist_ok=True)
-    store = SnapshotStore(settings.snapshot_dir, settings.budget_bytes)
+    store = SnapshotStore(settings.snapshot_dir, settings.budget_bytes,
+                          signing_key=settings.resolved_signing_key(token),
+                          on_untrusted=lambda reason: metrics.untrusted.labels(reason).inc())
     service = SnapshotService(settings, store, llama, http, metrics, token)
     requirements = Requirements(store, await_declaration=settings.await_required)
     requirements.load()
@@ -143,13 +151,27 @@ def create_app(
                 "required": required.required, "missing": required.missing, "resume": resume}
         return JSONResponse(body, status_code=200 if ok else 503)
 
-    async def metrics_endpoint(request: Request) -> Response:
+    counted: list[tuple[object, float]] = []  # (folder state, when) of the last count of the folder
+
+    def count_folder() -> None:
+        # Unauthenticated: the manifests are read again only when the folder changed (its mtime or its
+        # names, a listing without reading a file), or `metrics_refresh_s` passed.
+        with os.scandir(settings.snapshot_dir) as entries:
+            names = sorted(e.name for e in entries if e.name.endswith(".json"))
+        state = (os.stat(settings.snapshot_dir).st_mtime_ns, hash(tuple(names)))
+        now = time.monotonic()
+        if counted and counted[0][0] == state and now - counted[0][1] < settings.metrics_refresh_s:
+            return
         manifests = store.list_all()
         metrics.stored_count.set(len(manifests))
         metrics.stored_bytes.set(sum(m.size for m in manifests))
         pinned = [m for m in manifests if m.pinned]
         metrics.pinned_count.set(len(pinned))
         metrics.pinned_bytes.set(sum(m.size for m in pinned))
+        counted[:] = [(state, now)]
+
+    async def metrics_endpoint(request: Request) -> Response:
+        count_folder()
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     @operation("fingerprint")

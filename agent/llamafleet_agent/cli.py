@@ -33,6 +33,9 @@ _FLAGS: tuple[tuple[tuple[str, ...], str, Any], ...] = (
     (("--flash-attn",), "flash_attn", str),
     (("--slots",), "slots", int),
     (("--token-file",), "token_file", str),
+    (("--signing-key-file",), "signing_key_file", str),
+    (("--llama-api-key-file",), "llama_api_key_file", str),
+    (("--peer-networks",), "peer_networks", str),
     (("--server-help-file",), "server_help_file", str),
     (("--budget-bytes",), "budget_bytes", int),
     (("--pod-name",), "pod_name", str),
@@ -61,7 +64,8 @@ def parse_settings(argv: list[str]) -> AgentSettings:
 async def serve(settings: AgentSettings) -> None:
     async with httpx.AsyncClient() as http:
         app = create_app(
-            settings, llama=LlamaClient(settings.llama_url, http), http=http, registry=CollectorRegistry()
+            settings, llama=LlamaClient(settings.llama_url, http, api_key=settings.resolved_llama_api_key()),
+            http=http, registry=CollectorRegistry(),
         )
         config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="info")
         await uvicorn.Server(config).serve()
@@ -71,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = parse_settings(sys.argv[1:] if argv is None else argv)
         settings.resolved_token()
+        settings.resolved_llama_api_key()  # a key file that cannot be read fails at start, by name
     except (ValueError, OSError) as exc:
         print(f"llamafleet agent: {exc}", file=sys.stderr)
         return 2

@@ -21,6 +21,14 @@ class AgentMetrics:
             ["reason"],
             registry=registry,
         )
+        self.untrusted = Counter(
+            "llamafleet_agent_untrusted_snapshots_total",
+            "Snapshots refused and deleted as untrusted, by reason: signature (a manifest no agent "
+            "signed), checksum or size (a file that is not the one its manifest names), restore (the "
+            "server read another file than the one verified), peer (a peer's manifest not signed).",
+            ["reason"],
+            registry=registry,
+        )
         self.bytes = Counter(
             "llamafleet_agent_bytes_total",
             "Snapshot bytes saved, pulled from peers, and served to peers.",

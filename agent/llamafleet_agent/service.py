@@ -1,13 +1,16 @@
 """Save, pull and restore: the agent's three operations, with every check that guards a restore.
 
 The checks are ordered so that nothing unverified ever reaches a slot or a real file name:
-- save writes to a dot-temp name, reads the token list back from the file, then renames;
-- pull streams into a dot-temp name while hashing, checks size, sha256 and the token hash against the peer's
-  manifest, refuses a foreign fingerprint before downloading, and renames only a verified file;
+- save writes to a dot-temp name, reads the token list back from the file, then renames; its manifest
+  is signed (`store.py`);
+- pull (`pull.py`) accepts only a signed manifest from a peer inside `peer_networks`, charges the budget
+  with the bytes received, and renames only a file whose size, sha256 and token hash verified;
 - restore re-hashes the whole file every time. Measured: a 4 MB file hashes in about 10 ms and restores in
   about 5 ms, against seconds for the prefill it replaces. A cache keyed by (size, mtime) would save those
   10 ms but miss a byte flipped within one mtime tick (file timestamps are coarse) or by bit rot, and a
-  snapshot that restores garbage is reused silently by the server: correctness wins.
+  snapshot that restores garbage is reused silently by the server: correctness wins. After the restore,
+  the server's own count of the tokens it restored and of the bytes it read must equal the manifest's:
+  a file swapped between the agent's check and the server's open is erased from the slot and deleted.
 """
 
 from __future__ import annotations
@@ -16,7 +19,6 @@ import asyncio
 import contextlib
 import os
 import time
-from pathlib import Path
 from typing import Any, Protocol
 
 import httpx
@@ -24,6 +26,7 @@ import httpx
 from llamafleet_agent import files
 from llamafleet_agent.files import Digests, SymlinkRefused, file_version, read_state_tokens, sha256_file
 from llamafleet_agent.metrics import AgentMetrics
+from llamafleet_agent.pull import PeerPuller
 from llamafleet_agent.settings import AgentSettings
 from llamafleet_agent.store import Refused, SnapshotStore
 from llamafleet_core.llama_client import LlamaError
@@ -66,12 +69,13 @@ class SnapshotService:
         self.llama = llama
         self.http = http
         self.metrics = metrics
-        self._token = token
         self._digest: asyncio.Future[str] | None = None
         self._server: tuple[str, int | None] | None = None  # (build_info, per-slot n_ctx)
         self.digests = Digests()  # a restore re-reads a file only when it changed since it was hashed
         # Snapshots the pod's readiness requires (`required.py`): never evicted to make room.
         self.required: frozenset[str] = frozenset()
+        self._puller = PeerPuller(settings, store, http, metrics, token, self.digests,
+                                  fingerprint=self.fingerprint, evict=self._evict)
 
     # ---- this pod's identity -------------------------------------------------------------------
     def start_digest(self) -> asyncio.Future[str]:
@@ -145,88 +149,14 @@ class SnapshotService:
             pinned=pinned,
             source_pod=self.settings.pod_name,
         )
-        self.store.write_manifest(manifest)
+        signed = self.store.write_manifest(manifest)
         self.metrics.bytes.labels("saved").inc(size)
-        return manifest
+        return signed
 
     # ---- pull -----------------------------------------------------------------------------------
     async def pull(self, name: str, source: str, *, pinned: bool | None = None) -> SnapshotManifest:
-        self.store.check_name(name)
-        if not source.startswith(("http://", "https://")):
-            raise Refused("source", "source must be an http(s) agent URL", 400)
-        base = source.rstrip("/")
-        headers = {"Authorization": f"Bearer {self._token}"}
-        remote = await self._peer_manifest(base, name, headers)
-        mismatch = fingerprint_mismatch(remote.fingerprint, await self.fingerprint())
-        if mismatch:
-            raise Refused("fingerprint", f"snapshot {name} does not fit this pod: {mismatch}")
-        with contextlib.suppress(Refused):
-            local = self.store.read_manifest(name)
-            if local.sha256 == remote.sha256 and self.store.bin_path(name).is_file():
-                self.store.touch(name)  # already here and verified when it arrived
-                return local
-        self._evict(remote.size, name)
-        tmp = self.store.temp_path("pull")
-        try:
-            await self._download(f"{base}/v1/snapshots/{name}/file", headers, tmp, remote)
-            final = self.store.bin_path(name)
-            os.replace(tmp, final)
-            self.digests.remember(final, file_version(final), remote.sha256, remote.size)
-        finally:
-            tmp.unlink(missing_ok=True)
-        manifest = remote.model_copy(update={"pinned": remote.pinned if pinned is None else pinned})
-        self.store.write_manifest(manifest)
-        self.metrics.bytes.labels("pulled").inc(remote.size)
-        return manifest
-
-    async def _peer_manifest(self, base: str, name: str, headers: dict[str, str]) -> SnapshotManifest:
-        try:
-            resp = await self.http.get(f"{base}/v1/snapshots/{name}", headers=headers, timeout=30.0)
-        except httpx.HTTPError as exc:
-            raise Refused("peer", f"peer unreachable: {type(exc).__name__}: {exc}", 502) from exc
-        if resp.status_code != 200:
-            status = 404 if resp.status_code == 404 else 502
-            raise Refused("peer", f"peer answered {resp.status_code} for {name}", status)
-        try:
-            remote = SnapshotManifest.model_validate_json(resp.content)
-        except ValueError as exc:
-            raise Refused("peer", f"peer sent an invalid manifest for {name}", 502) from exc
-        if remote.name != name:
-            raise Refused("peer", f"peer sent the manifest of {remote.name!r} for {name!r}", 502)
-        return remote
-
-    async def _download(self, url: str, headers: dict[str, str], tmp: Path, want: SnapshotManifest) -> None:
-        """Stream the peer's file into `tmp`, then check size, sha256 and the token list it holds."""
-        try:
-            async with self.http.stream("GET", url, headers=headers, timeout=60.0) as resp:
-                if resp.status_code != 200:
-                    raise Refused("peer", f"peer answered {resp.status_code} for the file", 502)
-                written = 0
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-                try:
-                    async for chunk in resp.aiter_bytes(files.CHUNK):
-                        written += len(chunk)
-                        if written > want.size:
-                            raise Refused("size", f"peer sent more than the manifest's {want.size} bytes")
-                        view = memoryview(chunk)
-                        while view:
-                            view = view[os.write(fd, view) :]
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-        except httpx.HTTPError as exc:
-            raise Refused("peer", f"transfer failed: {type(exc).__name__}: {exc}", 502) from exc
-        sha, size = await sha256_file(tmp)
-        if size != want.size:
-            raise Refused("size", f"received {size} bytes, manifest says {want.size}")
-        if sha != want.sha256:
-            raise Refused("checksum", "sha256 of the received file differs from the manifest")
-        try:
-            got = await asyncio.to_thread(read_state_tokens, tmp)
-        except ValueError as exc:
-            raise Refused("tokens", f"received file is not a slot file: {exc}") from exc
-        if len(got) != want.n_tokens or tokens_sha256(got) != want.tokens_sha256:
-            raise Refused("tokens", "the file's tokens differ from the manifest's token hash")
+        """Fetch and verify snapshot `name` from the peer agent at `source` (`pull.py`)."""
+        return await self._puller.pull(name, source, pinned=pinned)
 
     # ---- restore --------------------------------------------------------------------------------
     async def restore(self, name: str, slot: int) -> RestoreResult:
@@ -247,8 +177,10 @@ class SnapshotService:
             except FileNotFoundError as exc:
                 raise Refused("not_found", f"snapshot file {name}.bin is missing", 404) from exc
             if size != manifest.size:
+                self.store.discard(name, "size")
                 raise Refused("size", f"file has {size} bytes, manifest says {manifest.size}")
             if sha != manifest.sha256:
+                self.store.discard(name, "checksum")
                 raise Refused("checksum", f"sha256 of {name}.bin differs from its manifest")
             verified = time.perf_counter()
             try:
@@ -256,11 +188,13 @@ class SnapshotService:
             except LlamaError as exc:
                 raise _llama_refusal("restore", exc) from exc
             n_restored = int(result.get("n_restored", -1))
-            if n_restored != manifest.n_tokens:
+            n_read = result.get("n_read")  # bytes the server read: the verified file's size, or not it
+            if n_restored != manifest.n_tokens or (n_read is not None and int(n_read) != manifest.size):
                 with contextlib.suppress(LlamaError):
                     await self.llama.erase_slot(slot)  # never leave unexpected tokens in a slot
-                raise Refused("restore", f"server restored {n_restored} tokens, manifest says "
-                                         f"{manifest.n_tokens}", 502)
+                self.store.discard(name, "restore")
+                raise Refused("restore", f"server restored {n_restored} tokens ({n_read} bytes), manifest "
+                                         f"says {manifest.n_tokens} ({manifest.size} bytes)", 502)
             self.store.touch(name)
         done = time.perf_counter()
         return RestoreResult(

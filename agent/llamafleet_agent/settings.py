@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import socket
 from pathlib import Path
+from typing import Annotated
 
-from pydantic import Field, SecretStr
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from llamafleet_core.networks import PRIVATE_NETWORKS, check_networks, split_list
+from llamafleet_core.snapshot_signing import manifest_key
 
 MIB = 1024 * 1024
 
@@ -40,6 +44,20 @@ class AgentSettings(BaseSettings):
 
     token: SecretStr | None = None
     token_file: Path | None = None
+    # The key that signs and verifies snapshot manifests (`llamafleet_core.snapshot_signing`). Unset:
+    # derived from the token, which only the agent container mounts. Agents that pull from each other
+    # need the same key; llama-server's container must never be able to read it.
+    signing_key: SecretStr | None = None
+    signing_key_file: Path | None = None
+    # llama-server's own API key (`--api-key-file` of the server beside it): sent on every call to it.
+    llama_api_key: SecretStr | None = None
+    llama_api_key_file: Path | None = None
+    # A pull's `source` must be `http(s)://<IP literal in one of these>:<port>`: the agent presents its
+    # token there, so it never goes to a metadata service, a host name or a URL with a path.
+    peer_networks: Annotated[list[str], NoDecode] = Field(default_factory=lambda: list(PRIVATE_NETWORKS))
+    # `/metrics` answers without the token (Prometheus holds none): it recounts the folder at most this
+    # often, so that unauthenticated scrapes cannot make it read every manifest on every request.
+    metrics_refresh_s: float = Field(default=5.0, ge=0)
     budget_bytes: int = Field(default=8 * 1024 * MIB, ge=0)
     max_body_bytes: int = Field(default=MIB, ge=1024)
     pod_name: str = Field(default_factory=socket.gethostname)
@@ -48,6 +66,24 @@ class AgentSettings(BaseSettings):
 
     host: str = "127.0.0.1"
     port: int = 8081
+
+    @field_validator("peer_networks", mode="before")
+    @classmethod
+    def _split_networks(cls, value: object) -> object:
+        return split_list(value)
+
+    @field_validator("peer_networks")
+    @classmethod
+    def _check_networks(cls, value: list[str]) -> list[str]:
+        return check_networks(value)
+
+    def resolved_signing_key(self, token: str) -> bytes:
+        """The manifest key: from `signing_key`, else `signing_key_file`, else derived from `token`."""
+        return manifest_key(_secret(self.signing_key, self.signing_key_file) or token)
+
+    def resolved_llama_api_key(self) -> str | None:
+        """llama-server's API key from `llama_api_key`, else `llama_api_key_file`; None: it has none."""
+        return _secret(self.llama_api_key, self.llama_api_key_file)
 
     def resolved_token(self) -> str:
         """The shared token, from `token` or else `token_file`; the agent never runs without one."""
@@ -58,3 +94,12 @@ class AgentSettings(BaseSettings):
             if value:
                 return value
         raise ValueError("the agent needs a shared token: set LLAMAFLEET_AGENT_TOKEN or a token file")
+
+
+def _secret(value: SecretStr | None, path: Path | None) -> str | None:
+    if value is not None and value.get_secret_value():
+        return value.get_secret_value()
+    if path is not None:
+        text = path.read_text().strip()
+        return text or None
+    return None

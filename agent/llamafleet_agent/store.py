@@ -6,6 +6,11 @@ dot (temp files, the model-digest cache), and snapshot names may not, so the two
 
 A snapshot counts only once its manifest exists; a `.bin` without one is debris of a crash and is not
 listed, restored or served.
+
+Every manifest is signed when written and verified when read (`llamafleet_core.snapshot_signing`):
+llama-server's container can write this folder too, so a manifest whose signature does not verify was
+not written by an agent. It is refused AND deleted with its file (counted by `on_untrusted`), so a
+planted snapshot is neither listed for the gateway's index nor kept to be tried again.
 """
 
 from __future__ import annotations
@@ -15,13 +20,14 @@ import os
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from pydantic import ValidationError
 
 from llamafleet_agent.files import SymlinkRefused, read_json_nofollow, write_atomic
 from llamafleet_core.snapshot import SnapshotManifest, valid_snapshot_name
+from llamafleet_core.snapshot_signing import manifest_signed, sign_manifest
 
 TEMP_PREFIXES = (".save-", ".pull-")
 
@@ -37,11 +43,15 @@ class Refused(Exception):
 
 
 class SnapshotStore:
-    def __init__(self, root: Path, budget_bytes: int) -> None:
+    def __init__(self, root: Path, budget_bytes: int, *, signing_key: bytes,
+                 on_untrusted: Callable[[str], None] | None = None) -> None:
         self.root = root
         self.budget_bytes = budget_bytes
+        self._key = signing_key
+        self._on_untrusted = on_untrusted  # called with a reason for every snapshot deleted as untrusted
         self._in_use: Counter[str] = Counter()
         self._last_used: dict[str, float] = {}
+        self._doomed: set[str] = set()  # untrusted, deleted once no reader holds them (`discard`)
 
     # ---- names and paths -------------------------------------------------------------------------
     def check_name(self, name: str) -> str:
@@ -85,11 +95,33 @@ class SnapshotStore:
             raise Refused("manifest", f"invalid manifest for {name}", 409) from exc
         if manifest.name != name:
             raise Refused("manifest", f"manifest names {manifest.name!r}, not {name!r}", 409)
+        if not manifest_signed(manifest, self._key):
+            self.discard(name, "signature")
+            raise Refused("signature", f"the manifest of {name} is not signed by an agent; deleted", 409)
         return manifest
 
-    def write_manifest(self, manifest: SnapshotManifest) -> None:
-        write_atomic(self.manifest_path(manifest.name), manifest.model_dump_json(indent=1).encode())
-        self.touch(manifest.name)
+    def write_manifest(self, manifest: SnapshotManifest) -> SnapshotManifest:
+        """Sign `manifest` and write it; returns the signed manifest."""
+        signed = sign_manifest(manifest, self._key)
+        write_atomic(self.manifest_path(signed.name), signed.model_dump_json(indent=1).encode())
+        self._doomed.discard(signed.name)  # a fresh snapshot under the name is not the untrusted one
+        self.touch(signed.name)
+        return signed
+
+    def signed(self, manifest: SnapshotManifest) -> bool:
+        """Whether `manifest` (e.g. a peer's) carries a valid signature of this agents' key."""
+        return manifest_signed(manifest, self._key)
+
+    def discard(self, name: str, reason: str) -> None:
+        """Delete an untrusted snapshot (a bad signature, a file that does not match its manifest) and
+        count it. One being read (served, restored) is deleted as soon as its last reader lets go."""
+        if self.is_in_use(name):
+            self._doomed.add(name)
+        else:
+            with contextlib.suppress(Refused):
+                self.delete(name)
+        if self._on_untrusted is not None:
+            self._on_untrusted(reason)
 
     def list_all(self) -> list[SnapshotManifest]:
         result = []
@@ -127,6 +159,10 @@ class SnapshotStore:
             self._in_use[name] -= 1
             if not self._in_use[name]:
                 del self._in_use[name]
+                if name in self._doomed:
+                    self._doomed.discard(name)
+                    with contextlib.suppress(Refused):
+                        self.delete(name)
 
     def is_in_use(self, name: str) -> bool:
         return self._in_use[name] > 0

@@ -31,6 +31,7 @@ from typing import Any, cast
 
 import redis.asyncio as aioredis
 
+from llamafleet_core.networks import url_host
 from llamafleet_core.types import Endpoint, PodRef
 
 DEFAULT_PREFIX = "lf"
@@ -54,11 +55,11 @@ class Member:
 
     @property
     def url(self) -> str:
-        return f"http://{self.ip}:{self.port}"
+        return f"http://{url_host(self.ip)}:{self.port}"
 
     @property
     def agent_url(self) -> str:
-        return f"http://{self.ip}:{self.agent_port}"
+        return f"http://{url_host(self.ip)}:{self.agent_port}"
 
     def endpoint(self) -> Endpoint:
         """The router's view of this pod."""

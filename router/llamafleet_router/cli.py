@@ -26,7 +26,9 @@ from llamafleet_router.app import create_app
 from llamafleet_router.discovery.base import Discovery, FenceHook
 from llamafleet_router.discovery.static import StaticDiscovery
 from llamafleet_router.logs import configure_logging
+from llamafleet_router.metrics_port import metrics_port
 from llamafleet_router.settings import RouterSettings
+from llamafleet_router.transport import uvicorn_options
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +70,8 @@ def build_index(settings: RouterSettings) -> tuple[PrefixIndex, SlotLeases, Any]
         # Short timeouts, no retries: a Redis outage must switch the router to degraded routing within
         # a request, not stall requests.
         client = connect_index(settings.redis_url)
-        return RedisPrefixIndex(client), RedisSlotLeases(client), client
+        prefix = settings.index_prefix
+        return RedisPrefixIndex(client, prefix=prefix), RedisSlotLeases(client, prefix=prefix), client
     from llamafleet_core.index.memory import InMemoryPrefixIndex, InMemorySlotLeases
 
     return InMemoryPrefixIndex(), InMemorySlotLeases(), None
@@ -77,6 +80,7 @@ def build_index(settings: RouterSettings) -> tuple[PrefixIndex, SlotLeases, Any]
 async def run(settings: RouterSettings) -> None:
     index, leases, redis_client = build_index(settings)
     specs = settings.pod_specs
+    pod_key = settings.resolved_pod_api_key()  # llama-server's own key, if the pods run with one
     owned: list[Any] = []  # redis-py clients made for discovery, closed at the end
 
     def discovery(http: httpx.AsyncClient, fence: FenceHook) -> Discovery:
@@ -89,19 +93,24 @@ async def run(settings: RouterSettings) -> None:
             owned.append(client)
             return MembershipDiscovery(client, settings.fleets, http, poll_interval=settings.poll_interval,
                                        model_name=settings.model_name, fence=fence,
-                                       hang_timeout=settings.hang_timeout)
+                                       hang_timeout=settings.hang_timeout, prefix=settings.index_prefix,
+                                       member_networks=settings.member_networks, api_key=pod_key)
         return StaticDiscovery(specs, http, poll_interval=settings.poll_interval,
                                model_name=settings.model_name, fence=fence,
-                               hang_timeout=settings.hang_timeout)
+                               hang_timeout=settings.hang_timeout, api_key=pod_key)
 
     app = create_app(settings, index=index, leases=leases, discovery=discovery)
     # access_log off: the gateway logs its own line per request, with the routing decision in it.
+    # The transport options bound a request's head before the app runs (size, time: transport.py).
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_config=None, lifespan="on",
-                            proxy_headers=False, timeout_graceful_shutdown=30, access_log=False)
+                            proxy_headers=False, timeout_graceful_shutdown=30, access_log=False,
+                            **uvicorn_options(settings))
     server = uvicorn.Server(config)
     freezer = asyncio.create_task(freeze_heap_when_started(server), name="gc-freeze")
     try:
-        await server.serve()
+        # /metrics and the detailed /health without a key, on their own port (metrics_port.py).
+        async with metrics_port(server, app.state.metrics_app, settings):
+            await server.serve()
     finally:
         freezer.cancel()
         await index.close()

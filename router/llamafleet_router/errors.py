@@ -48,6 +48,15 @@ class ApiError(Exception):
         return JSONResponse(self.body(), status_code=self.status, headers={**self.headers, **(headers or {})})
 
 
+class ClientGone(ApiError):
+    """The client closed the connection before its body was read: nobody to answer, nothing wrong with
+    the gateway (counted as a client disconnect and logged at INFO, not as an unhandled error)."""
+
+    def __init__(self) -> None:
+        super().__init__(499, "The client closed the connection before sending the whole request body.",
+                         code="client_disconnected")
+
+
 def error_body(
     message: str, *, type: str = INVALID_REQUEST, code: str | None = None, param: str | None = None
 ) -> dict[str, Any]:

@@ -29,19 +29,20 @@ async def app_client(app: Starlette, base_url: str = "http://router") -> AsyncIt
 async def serve(
     app: Starlette, host: str = "127.0.0.1", startup_timeout: float = 10.0, shutdown_timeout: float = 30.0,
     *, sock: socket.socket | None = None, server_cls: type[uvicorn.Server] = uvicorn.Server,
-    graceful_shutdown: int | None = None,
+    graceful_shutdown: int | None = None, http: type[asyncio.Protocol] | str = "auto",
 ) -> AsyncIterator[str]:
     """Serve `app` with uvicorn and yield its base URL: on `sock` when the caller bound one already
     (the local runtime binds first, so a taken port fails before any pod starts), else on a free port
     of `host`. `server_cls` lets an embedder keep uvicorn off its signal handlers; `graceful_shutdown`
-    bounds how long open connections may delay the stop."""
+    bounds how long open connections may delay the stop; `http` is uvicorn's protocol (a gateway's:
+    `transport.bounded_protocol`, which bounds request heads)."""
     if sock is None:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, 0))
     host, port = sock.getsockname()[:2]
     config = uvicorn.Config(app, lifespan="on", log_config=None, access_log=False,
-                            timeout_graceful_shutdown=graceful_shutdown)
+                            timeout_graceful_shutdown=graceful_shutdown, http=http)
     server = server_cls(config)
     task = asyncio.create_task(server.serve(sockets=[sock]), name="gateway")
     try:

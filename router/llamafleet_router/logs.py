@@ -3,6 +3,11 @@
 The request id lives in a ContextVar set by the request-id middleware, so every log line emitted while
 serving a request (and in tasks spawned from it, which copy the context) carries it without threading it
 through every call. Call sites pass only safe fields in `extra=`: never API keys, never prompt text.
+
+The request id is the gateway's own, unique per request: it names the request's slot lease, its
+snapshot flights and the upstream `x-request-id`, so two requests can never be taken for one. The id a
+client sent (`x-request-id`, reused by retries and sessions) is logged beside it as `client_request_id`,
+and echoed back, and used for nothing else.
 """
 
 from __future__ import annotations
@@ -16,13 +21,15 @@ from typing import Any
 import orjson
 
 request_id_var: ContextVar[str | None] = ContextVar("llamafleet_request_id", default=None)
+client_request_id_var: ContextVar[str | None] = ContextVar("llamafleet_client_request_id", default=None)
 
 # Attributes every LogRecord has; anything else on a record came from `extra=` and is logged as a field.
 _STANDARD = set(logging.makeLogRecord({}).__dict__) | {"message", "asctime", "taskName", "color_message"}
 
 
 class JsonFormatter(logging.Formatter):
-    """One JSON object per line: ts, level, logger, msg, request_id, then the `extra=` fields."""
+    """One JSON object per line: ts, level, logger, msg, request_id (and client_request_id), then the
+    `extra=` fields."""
 
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {
@@ -35,6 +42,8 @@ class JsonFormatter(logging.Formatter):
         request_id = getattr(record, "request_id", None) or request_id_var.get()
         if request_id:
             entry["request_id"] = request_id
+            if (client_id := client_request_id_var.get()) is not None:
+                entry["client_request_id"] = client_id
         for key, value in record.__dict__.items():
             if key not in _STANDARD and key not in entry:
                 entry[key] = value

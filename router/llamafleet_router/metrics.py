@@ -96,6 +96,15 @@ class RouterMetrics:
             registry=registry,
         )
         self.pods_up = Gauge(p + "pods_up", "Pods currently routable.", registry=registry)
+        self.model_conflicts = Gauge(
+            p + "model_conflicts", "Model names that several fleets report and no `model_fleets` entry "
+            "assigns: refused (503 model_conflict) until one does.", registry=registry,
+        )
+        self.members_ignored = Gauge(
+            p + "members_ignored", "Fleet members ignored because their address is outside "
+            "member_networks (or not an IP literal) or their ports are invalid, by reason.",
+            ["reason"], registry=registry,
+        )
         self.pod_speed = Gauge(
             p + "pod_speed", "What the cost model learned of each pod from its answers, by figure "
             "(prefill_tokens_per_s, small_batch_tokens_per_s, restore_bytes_per_s, ...).",

@@ -3,6 +3,9 @@
 ChatTemplate objects are cached per (model, template source), so the jinja compile and the render cache
 live across requests; a pod upgrade that changes the template simply gets a new entry (the cache is
 small and LRU). Client input that yields no prompt becomes a 400.
+
+The block hashes are keyed with the fleet's `prefix_key` and namespaced by the key's tenant group
+(`tenancy.py`): both change the hashes only, never the rendered text or the session cut.
 """
 
 from __future__ import annotations
@@ -27,8 +30,9 @@ _MAX_TEMPLATES = 32
 
 
 class PromptRenderer:
-    def __init__(self, block_chars: int) -> None:
+    def __init__(self, block_chars: int, key: bytes = b"") -> None:
         self.block_chars = block_chars
+        self._key = key
         self._render_cache = TemplateCache()
         self._templates: OrderedDict[tuple[str, str], ChatTemplate] = OrderedDict()
         self._by_props: dict[int, tuple[PodProps, str, ChatTemplate]] = {}
@@ -59,11 +63,15 @@ class PromptRenderer:
             self._templates.move_to_end(key)
         return template
 
-    def identity(self, parsed: ParsedRequest, model: str, props: PodProps | None) -> PromptIdentity:
+    def identity(
+        self, parsed: ParsedRequest, model: str, props: PodProps | None, namespace: str = ""
+    ) -> PromptIdentity:
         try:
             if parsed.route is Route.COMPLETIONS:
-                return completion_identity(parsed.body, model=model, block_chars=self.block_chars)
+                return completion_identity(parsed.body, model=model, block_chars=self.block_chars,
+                                           namespace=namespace, key=self._key)
             body = to_chat_body(parsed.body) if parsed.route is Route.MESSAGES else parsed.body
-            return chat_identity(body, self.template(model, props), model=model, block_chars=self.block_chars)
+            return chat_identity(body, self.template(model, props), model=model, block_chars=self.block_chars,
+                                 namespace=namespace, key=self._key)
         except PromptError as exc:
             raise bad_request(f"Invalid request: {exc}", code="invalid_prompt") from None

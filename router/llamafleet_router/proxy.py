@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 
 import aiohttp
 import httpx
@@ -58,13 +58,16 @@ async def forward(
     on_first_byte: OnFirstByte | None = None,
     extra_headers: Mapping[str, str] | None = None,
     give_up: GoneSignal | None = None,
+    max_response_bytes: int | None = None,
 ) -> Response:
     """Send `body` to `url` and relay the answer; `extra_headers` are added to the client's response
     (the routing decision, for operators and tests). When `give_up` is set before the pod's first
-    byte (discovery found the pod hung or gone), PodUnreachable: the request goes elsewhere."""
+    byte (discovery found the pod hung or gone), PodUnreachable: the request goes elsewhere. A
+    non-streamed answer larger than `max_response_bytes` is cut off: 502."""
+    limit = max_response_bytes  # None: unbounded (tests of the proxy alone)
     if isinstance(http, GatewayClient):
         return await _forward_aiohttp(http.session(), url, body, headers, on_finish, on_first_byte,
-                                      extra_headers, give_up)
+                                      extra_headers, give_up, limit)
     request = http.build_request("POST", url, content=body, headers=dict(headers))
     started = time.perf_counter()
     try:
@@ -77,9 +80,9 @@ async def forward(
 
     status, content_type = upstream.status_code, upstream.headers.get("content-type", "")
     if status >= 400 or not content_type.startswith("text/event-stream"):
-        return await _answer_buffered(upstream.aread, upstream.aclose, httpx.HTTPError, status,
+        return await _answer_buffered(upstream.aiter_bytes(), upstream.aclose, httpx.HTTPError, status,
                                       upstream.headers.items(), started, on_finish, on_first_byte,
-                                      extra_headers)
+                                      extra_headers, limit)
     return RelayResponse(
         relay(upstream.aiter_raw(), status, upstream.aclose, httpx.HTTPError, started, on_finish,
               on_first_byte),
@@ -97,6 +100,7 @@ async def _forward_aiohttp(
     on_first_byte: OnFirstByte | None,
     extra_headers: Mapping[str, str] | None,
     give_up: GoneSignal | None = None,
+    limit: int | None = None,
 ) -> Response:
     started = time.perf_counter()
     upstream, head = await unless_gone(give_up, _open(session, url, body, headers, on_finish))
@@ -106,9 +110,9 @@ async def _forward_aiohttp(
 
     status = upstream.status
     if head is None:
-        return await _answer_buffered(upstream.read, close, (aiohttp.ClientError, TimeoutError), status,
-                                      upstream.headers.items(), started, on_finish, on_first_byte,
-                                      extra_headers)
+        return await _answer_buffered(upstream.content.iter_any(), close, (aiohttp.ClientError, TimeoutError),
+                                      status, upstream.headers.items(), started, on_finish, on_first_byte,
+                                      extra_headers, limit)
     return RelayResponse(
         relay(prepend(head, upstream.content.iter_any()), status, close, aiohttp.ClientError, started,
               on_finish, on_first_byte),
@@ -171,7 +175,7 @@ def _upstream_error(when: str, exc: Exception) -> ApiError:
 
 
 async def _answer_buffered(
-    read: Callable[[], Awaitable[bytes]],
+    chunks: AsyncIterator[bytes],
     close: Callable[[], Awaitable[None]],
     errors: type[Exception] | tuple[type[Exception], ...],
     status: int,
@@ -180,21 +184,57 @@ async def _answer_buffered(
     on_finish: OnFinish,
     on_first_byte: OnFirstByte | None,
     extra_headers: Mapping[str, str] | None,
+    limit: int | None = None,
 ) -> Response:
-    """A non-streamed answer (an error status, or `stream: false`): read it whole, report it exactly
-    once, and answer it. `errors` are the upstream client's failures while reading."""
+    """A non-streamed answer (an error status, or `stream: false`): read it whole, but never more than
+    `limit` bytes (a larger one is given up at once, by its Content-Length or by counting, and the
+    client gets a 502), report it exactly once, and answer it. `errors` are the upstream client's
+    failures while reading."""
     if on_first_byte is not None and status < 400:
         on_first_byte(time.perf_counter() - started)
+    upstream_headers = list(upstream_headers)
     outcome = Outcome(status=status, error="cancelled")
     try:
-        content = await read()
+        content = await _read_bounded(chunks, _declared_length(upstream_headers), limit)
         outcome = _buffered_outcome(status, content)
     except errors as exc:
         outcome = Outcome(status=502, error=str(exc))
         raise _upstream_error("while answering", exc) from exc
+    except AnswerTooLarge as exc:
+        outcome = Outcome(status=502, error=str(exc))
+        raise ApiError(502, f"The upstream server's answer is larger than the {limit} bytes this gateway "
+                            "relays unstreamed; ask for `stream: true` or for less.", type=SERVER,
+                       code="upstream_answer_too_large") from None
     finally:
         on_finish(outcome, close)
     return _buffered_response(content, status, upstream_headers, extra_headers)
+
+
+class AnswerTooLarge(Exception):
+    """A pod's unstreamed answer past the limit: it is not read further, and its connection is closed
+    when the answer is (an unread aiohttp or httpx response is not put back in the pool)."""
+
+
+def _declared_length(headers: Iterable[tuple[str, str]]) -> int | None:
+    for name, value in headers:
+        if name.lower() == "content-length" and value.strip().isdigit():
+            return int(value)
+    return None
+
+
+async def _read_bounded(chunks: AsyncIterator[bytes], declared: int | None, limit: int | None) -> bytes:
+    if limit is None:
+        return b"".join([chunk async for chunk in chunks])
+    if declared is not None and declared > limit:
+        raise AnswerTooLarge(f"upstream answer of {declared} bytes declared, limit {limit}")
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in chunks:
+        size += len(chunk)
+        if size > limit:
+            raise AnswerTooLarge(f"upstream answer larger than {limit} bytes")
+        parts.append(chunk)
+    return b"".join(parts)
 
 
 def _buffered_outcome(status: int, content: bytes) -> Outcome:

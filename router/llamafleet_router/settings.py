@@ -6,6 +6,7 @@ comment, which is its documentation.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
@@ -13,7 +14,15 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from llamafleet_core.networks import PRIVATE_NETWORKS, check_networks, split_list
+from llamafleet_core.prefix.hashing import prefix_key_bytes
 from llamafleet_core.settings_support import RedisUrl
+from llamafleet_router.limits import PerKey
+from llamafleet_router.ownership import parse_model_fleets
+from llamafleet_router.tenancy import parse_key_groups
+
+#: What `extra_fields` may name: a JSON field name as llama-server spells its own.
+FIELD_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.]{0,63}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +33,7 @@ class PodSpec:
     url: str
     agent_url: str | None = None
     attach: bool = False
+    fleet: str | None = None  # `namespace/name` with membership discovery; static pods have none
 
     @classmethod
     def parse(cls, text: str) -> PodSpec:
@@ -56,6 +66,10 @@ class RouterSettings(BaseSettings):
     discovery: Literal["static", "redis"] = "static"
     #: With `discovery=redis`: comma-separated `namespace/name` fleets to serve; all fleets when empty.
     fleets: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    #: With `discovery=redis`: comma-separated `model=namespace/name`, the fleet that serves a model name
+    #: that several fleets report. Without an entry such a name is refused (503 `model_conflict`, listed
+    #: in `/health`): one fleet never receives requests meant for another (`ownership.py`).
+    model_fleets: Annotated[list[str], NoDecode] = Field(default_factory=list)
     #: Model name clients use; by default each pod's `model_alias` (or its model file's basename).
     model_name: str | None = None
     #: Redis URL of the shared prefix index (several router replicas share it).
@@ -63,6 +77,9 @@ class RouterSettings(BaseSettings):
     #: Which prefix index to use: `redis` (needs redis_url) or `memory` (one replica only).
     #: Defaults to `redis` when redis_url is set, otherwise `memory`.
     index: Literal["redis", "memory"] | None = None
+    #: Prefix of every Redis key (index, leases, membership): the operator's `index_prefix`. Releases
+    #: sharing one Redis need different ones.
+    index_prefix: str = Field(default="lf", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
     #: Scheduling pipeline YAML; the built-in default pipeline when unset.
     config_file: Path | None = None
     #: Overrides the pipeline's `decision.min_batch_tokens` (the prefill cost model's small-batch cliff:
@@ -72,8 +89,70 @@ class RouterSettings(BaseSettings):
     api_keys_file: Path | None = None
     #: API keys from the environment: comma-separated `name:key`. Auth is off when no key is configured.
     api_keys: SecretStr | None = None
+    #: Names of the API keys that may see the gateway's internals on the client port: the detailed
+    #: `/health`, `/metrics`, and the `x-llamafleet-*` routing headers (`tenancy.py`).
+    admin_keys: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    #: Send the `x-llamafleet-pod`/`-slot`/`-action`/`-snapshot` headers to every key, not only to admin
+    #: keys. They tell whether a prompt's prefix was cached, so any key would learn what others sent:
+    #: for single-user fleets (`llamafleet up` turns it on).
+    expose_routing_headers: bool = False
+    #: Tenant groups, comma-separated `key-name:group`: the keys of a group find only the prefixes their
+    #: own group sent in the index (its own hash namespace). Ungrouped keys share one namespace, with the
+    #: SharedPrefix snapshots; grouped keys do not find those.
+    key_tenants: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    #: Port of a second listener that serves `/metrics` and the detailed `/health` without a key, for
+    #: Prometheus and probes; keep it off the Service clients use. Unset: no such listener.
+    metrics_port: int | None = Field(default=None, ge=0, le=65535)
     #: Largest request body accepted, in bytes; larger bodies get 413.
     max_body_bytes: int = Field(default=8 * 1024 * 1024, gt=0)
+    #: Largest request head (request line and headers) accepted, in bytes, before the key is checked;
+    #: larger heads get 431 and the connection is closed (`transport.py`).
+    max_header_bytes: int = Field(default=32 * 1024, ge=1024)
+    #: Seconds a client may take to send a request's head, from the connection (or the end of the
+    #: previous response) on; then 408 and the connection is closed (slow-loris headers).
+    header_timeout_s: float = Field(default=10.0, gt=0)
+    #: Seconds a client may take to send the whole request body; then 408 (slow-loris bodies).
+    body_timeout_s: float = Field(default=60.0, gt=0)
+    #: Largest non-streamed answer (or error body) read from a pod, in bytes; a larger one is cut off
+    #: and the client gets a 502 (streamed answers are relayed chunk by chunk and never held whole).
+    max_response_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
+    #: Requests per minute per API key name, comma-separated: a number for every key and `name:N` for
+    #: one key (0 or empty: no limit). Counted per gateway replica; past it 429 with `retry-after`.
+    key_requests_per_minute: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    #: Completion tokens per minute per API key name (same form): each request is charged its
+    #: `max_tokens` (or `key_default_max_tokens`) when it is admitted. Per replica.
+    key_tokens_per_minute: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    #: Requests in flight (streams included) per API key name at once (same form). Per replica.
+    key_concurrent_requests: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    #: Tokens charged to `key_tokens_per_minute` for a request that sets no `max_tokens`.
+    key_default_max_tokens: int = Field(default=1024, ge=1)
+    #: Most completion tokens one request may ask for, comma-separated: a number for every key and
+    #: `name:N` for one key (0: no bound). A larger `max_tokens`, `max_completion_tokens` or `n_predict`
+    #: is lowered to it, and a request that sets none is sent with it (`api/fields.py`).
+    max_tokens_per_request: Annotated[list[str], NoDecode] = Field(default_factory=lambda: ["32768"])
+    #: Most completions one request may ask for (`n`, `best_of`). llama-server runs the others in
+    #: other idle slots, outside the gateway's leases (evicting their prefixes): keep 1 on shared pods.
+    max_n: int = Field(default=1, ge=1, le=64)
+    #: Most alternatives per token a request may ask for (`top_logprobs`, `logprobs`, `n_probs`).
+    max_logprobs: int = Field(default=20, ge=0, le=1000)
+    #: Most messages in one request; more get 400 (rendering a prompt costs CPU per message).
+    max_messages: int = Field(default=10_000, ge=1)
+    #: Most content parts (Anthropic: blocks) in all messages of one request together; more get 400.
+    max_content_parts: int = Field(default=50_000, ge=1)
+    #: Most tools in one request; more get 400.
+    max_tools: int = Field(default=512, ge=0)
+    #: Deepest nesting of objects and arrays in a request body (the body is level 1); deeper gets 400
+    #: (at most 200: the encoder of forwarded bodies stops at 255).
+    max_json_depth: int = Field(default=64, ge=8, le=200)
+    #: Request fields to forward beyond the allow-list of `api/fields.py`, comma-separated: `name` for
+    #: every key, `key:name` for one key (e.g. `grammar`, `batch:lora`). Others get 400 naming them.
+    extra_fields: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    #: Secret key of the index's prefix hashes, so that whoever reads Redis cannot test guessed prompts
+    #: against them. Routers and the operator (SharedPrefix warming) of one index need the same one.
+    #: Unset (and no `prefix_key_file`): unkeyed hashes. Never logged.
+    prefix_key: SecretStr | None = None
+    #: File holding the prefix hash key (its first line), used when `prefix_key` is unset.
+    prefix_key_file: Path | None = None
     #: Characters per prefix block (the unit of prefix matching and of the index).
     block_chars: int = Field(default=256, gt=0)
     #: Rough characters per token, to turn predicted blocks into predicted cached tokens for metrics.
@@ -103,6 +182,16 @@ class RouterSettings(BaseSettings):
     agent_token: SecretStr | None = None
     #: File holding the agents' shared token (first line), used when `agent_token` is unset.
     agent_token_file: Path | None = None
+    #: llama-server's own API key (the pods' `--api-key`, a fleet's `apiKeySecretRef`): sent on every
+    #: call to a pod (discovery's polls, forwarded requests, first-sight prefills). Unset: pods have none.
+    #: Never logged.
+    pod_api_key: SecretStr | None = None
+    #: File holding the pods' API key (first line), used when `pod_api_key` is unset.
+    pod_api_key_file: Path | None = None
+    #: With discovery=redis: comma-separated networks (CIDR) that member addresses must lie in. A member
+    #: whose address is not an IP literal inside them is ignored (logged, counted): whoever can write
+    #: Redis must not choose where prompts and the agent token go. Default: the private ranges.
+    member_networks: Annotated[list[str], NoDecode] = Field(default_factory=lambda: list(PRIVATE_NETWORKS))
     #: A session prefix (tools, system prompt, history) is snapshotted on first sight only from this many
     #: characters on: shorter ones compute in well under a second anyway.
     first_sight_min_chars: int = Field(default=2048, ge=1)
@@ -119,18 +208,55 @@ class RouterSettings(BaseSettings):
     #: restoring it on their request path (`snapshots/prime.py`); 0 turns this off.
     prime_slots: int = Field(default=2, ge=0, le=64)
 
-    @field_validator("pods", "fleets", mode="before")
+    @field_validator("pods", "fleets", "key_requests_per_minute", "key_tokens_per_minute",
+                     "key_concurrent_requests", mode="before")
     @classmethod
     def _split_pods(cls, value: object) -> object:
         if isinstance(value, str):
             return [part for part in (p.strip() for p in value.split(",")) if part]
         return value
 
+    @field_validator("member_networks", mode="before")
+    @classmethod
+    def _split_networks(cls, value: object) -> object:
+        return split_list(value)
+
+    @field_validator("member_networks")
+    @classmethod
+    def _check_networks(cls, value: list[str]) -> list[str]:
+        return check_networks(value)
+
     @field_validator("pods")
     @classmethod
     def _check_pods(cls, value: list[str]) -> list[str]:
         for text in value:
             PodSpec.parse(text)
+        return value
+
+    @field_validator("key_requests_per_minute", "key_tokens_per_minute", "key_concurrent_requests")
+    @classmethod
+    def _check_key_limits(cls, value: list[str]) -> list[str]:
+        PerKey.parse(value)
+        return value
+
+    @field_validator("max_tokens_per_request", "extra_fields", mode="before")
+    @classmethod
+    def _split_field_bounds(cls, value: object) -> object:
+        return split_list(value)
+
+    @field_validator("max_tokens_per_request")
+    @classmethod
+    def _check_max_tokens(cls, value: list[str]) -> list[str]:
+        PerKey.parse(value)
+        return value
+
+    @field_validator("extra_fields")
+    @classmethod
+    def _check_extra_fields(cls, value: list[str]) -> list[str]:
+        for item in value:  # the form `api.fields.ExtraFields.parse` reads
+            key, sep, name = item.rpartition(":")
+            if not FIELD_NAME.fullmatch(name.strip()) or (sep and not key.strip()):
+                raise ValueError(f"an extra field is `name` or `key:name`: {item!r}")
         return value
 
     @field_validator("fleets")
@@ -140,6 +266,23 @@ class RouterSettings(BaseSettings):
             namespace, _, name = text.partition("/")
             if not namespace or not name or "/" in name:
                 raise ValueError(f"fleet must be `namespace/name`: {text!r}")
+        return value
+
+    @field_validator("model_fleets", "admin_keys", "key_tenants", mode="before")
+    @classmethod
+    def _split_tenancy(cls, value: object) -> object:
+        return split_list(value)
+
+    @field_validator("model_fleets")
+    @classmethod
+    def _check_model_fleets(cls, value: list[str]) -> list[str]:
+        parse_model_fleets(value)
+        return value
+
+    @field_validator("key_tenants")
+    @classmethod
+    def _check_key_tenants(cls, value: list[str]) -> list[str]:
+        parse_key_groups(value)
         return value
 
     @model_validator(mode="after")
@@ -161,6 +304,24 @@ class RouterSettings(BaseSettings):
             if lines and lines[0].strip():
                 return lines[0].strip()
         return None
+
+    def resolved_pod_api_key(self) -> str | None:
+        """The pods' API key from `pod_api_key`, else the first line of `pod_api_key_file`, else None."""
+        if self.pod_api_key is not None and self.pod_api_key.get_secret_value():
+            return self.pod_api_key.get_secret_value()
+        if self.pod_api_key_file is not None:
+            lines = self.pod_api_key_file.read_text().strip().splitlines()
+            if lines and lines[0].strip():
+                return lines[0].strip()
+        return None
+
+    def resolved_prefix_key(self) -> bytes:
+        """The prefix hash key (`prefix_key`, else the first line of `prefix_key_file`); b"": unkeyed."""
+        secret = self.prefix_key.get_secret_value() if self.prefix_key is not None else ""
+        if not secret and self.prefix_key_file is not None:
+            lines = self.prefix_key_file.read_text().strip().splitlines()
+            secret = lines[0].strip() if lines else ""
+        return prefix_key_bytes(secret)
 
     @property
     def pod_specs(self) -> list[PodSpec]:

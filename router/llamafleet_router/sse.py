@@ -11,6 +11,7 @@ failing that, from `usage` (OpenAI `prompt_tokens_details.cached_tokens`, Anthro
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -18,7 +19,12 @@ from typing import Any, TypeVar
 import orjson
 
 # A single SSE line longer than this is not one llama-server writes; drop it rather than buffer it.
+# The same bound holds for the `data:` lines of one event together.
 _MAX_LINE = 4 * 1024 * 1024
+# Non-streamed answers up to this size are parsed whole; larger ones only at their statistics' keys,
+# whose values are read from at most _TAIL_VALUE bytes each.
+_PARSE_WHOLE = 256 * 1024
+_TAIL_VALUE = 16 * 1024
 T = TypeVar("T")
 # Only events holding one of these keys can change what the tap reports (a JSON key is always quoted).
 _PARSED = (b'"timings"', b'"usage"', b'"error"', b'"message_stop"', b'"message_start"')
@@ -91,10 +97,31 @@ def _first(new: T | None, old: T | None) -> T | None:
 
 
 def stats_from_body(body: bytes) -> Stats | None:
+    """The statistics of a whole (non-streamed) answer. A large one (logprobs of every token) is not
+    parsed whole, which would cost several times its size in Python objects for two small keys:
+    only the values of its last `timings` and `usage` keys are (llama-server writes them last)."""
+    if len(body) > _PARSE_WHOLE:
+        return _stats_from_tail(body)
     try:
         return stats_from(orjson.loads(body))
     except (ValueError, RecursionError):
         return None
+
+
+def _stats_from_tail(body: bytes) -> Stats | None:
+    found: dict[str, Any] = {}
+    decoder = json.JSONDecoder()
+    for key in ("usage", "timings"):
+        # A key inside a string value has escaped quotes, so this finds a key of some object.
+        at = body.rfind(b'"' + key.encode() + b'":')
+        if at < 0:
+            continue
+        text = body[at + len(key) + 3 : at + len(key) + 3 + _TAIL_VALUE].decode("utf-8", "replace")
+        try:
+            found[key] = decoder.raw_decode(text.lstrip())[0]
+        except ValueError:
+            continue
+    return stats_from(found) if found else None
 
 
 class SSETap:
@@ -109,6 +136,7 @@ class SSETap:
         self._buf = b""
         self._pending_cr = False
         self._data: list[bytes] = []
+        self._data_bytes = 0
 
     def feed(self, chunk: bytes) -> None:
         if self._pending_cr and chunk.startswith(b"\n"):
@@ -134,10 +162,15 @@ class SSETap:
             if self._data:
                 self._event(b"\n".join(self._data))
                 self._data = []
+                self._data_bytes = 0
             return
         if line.startswith(b"data:"):
             value = line[5:]
             self._data.append(value[1:] if value.startswith(b" ") else value)
+            self._data_bytes += len(value)
+            if self._data_bytes > _MAX_LINE:  # an event no llama-server writes: drop it, stay bounded
+                self._data = []
+                self._data_bytes = 0
 
     def _event(self, data: bytes) -> None:
         if data.strip() == b"[DONE]":

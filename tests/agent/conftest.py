@@ -22,9 +22,13 @@ from starlette.applications import Starlette
 from llamafleet_agent import AgentSettings, create_app
 from llamafleet_core.agent_client import AgentClient
 from llamafleet_core.llama_client import LlamaClient
+from llamafleet_core.networks import LOOPBACK_NETWORKS
+from llamafleet_core.snapshot import SnapshotManifest
+from llamafleet_core.snapshot_signing import manifest_key, sign_manifest
 from llamafleet_local.redis_server import free_port
 
 TOKEN = "agent-test-token"
+KEY = manifest_key(TOKEN)  # the manifest key the agents derive from TOKEN
 # Pinned like a rendered pod spec would: the agent is told the same settings the server runs with.
 SERVER_ARGS = ("-fa", "on", "--no-cache-idle-slots")
 EXTENSION = [13, 785, 4226, 374]  # a few ordinary token ids appended to the prefix in probes
@@ -79,6 +83,7 @@ def make_pod(start_llama_server: Any, tmp_path: Path, http: httpx.AsyncClient) -
         values: dict[str, Any] = {
             "llama_url": server.url, "snapshot_dir": snapdir, "model_file": model, "slots": slots,
             "flash_attn": "on", "pod_name": f"pod{n}", "model_name": "tiny",
+            "peer_networks": list(LOOPBACK_NETWORKS),  # peers listen on loopback here
         }
         settings = AgentSettings(**{**values, **overrides})
         llama = LlamaClient(server.url, http)
@@ -114,3 +119,9 @@ async def prefill_prefix(pod: Pod, slot: int) -> list[int]:
     tokens = await pod.llama.tokenize(PROMPT)
     await pod.llama.prefill(tokens, slot, timeout=120)
     return tokens
+
+
+def write_signed(path: Path, data: dict[str, Any]) -> None:
+    """Write manifest `data` at `path` signed as an agent would (a test that edits a manifest means to
+    test the check it targets, not the signature)."""
+    path.write_text(sign_manifest(SnapshotManifest.model_validate(data), KEY).model_dump_json())

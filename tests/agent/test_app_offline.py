@@ -21,11 +21,14 @@ from starlette.applications import Starlette
 from llamafleet_agent import AgentSettings, create_app
 from llamafleet_core.agent_client import AgentClient, AgentError
 from llamafleet_core.snapshot import Fingerprint, SnapshotManifest, tokens_sha256
+from llamafleet_core.snapshot_signing import manifest_key, sign_manifest
 from tests.agent.test_store import _state_file
 from tests.fixtures.llama import TinyModels
 
 TOKEN = "offline-token"
 MODEL_SHA = "c" * 64
+KEY = manifest_key(TOKEN)  # the agents' manifest key, derived from their token
+PEER_A = "http://10.1.0.1:8081"  # an address inside the default peer networks (ASGI ignores it)
 
 
 class PropsOnly:
@@ -58,6 +61,7 @@ def _publish(folder: Path, name: str, tokens: list[int], *, pinned: bool = False
     manifest = SnapshotManifest(name=name, fingerprint=fingerprint, n_tokens=len(tokens),
                                 tokens_sha256=tokens_sha256(tokens), size=len(data),
                                 sha256=hashlib.sha256(data).hexdigest(), pinned=pinned)
+    manifest = sign_manifest(manifest, KEY)
     (folder / f"{name}.json").write_text(manifest.model_dump_json())
     return manifest
 
@@ -71,7 +75,7 @@ async def pair(tmp_path: Path) -> AsyncIterator[tuple[Path, Path, AgentClient, s
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=a_app)) as peers:
         b_app = _app(b_dir, peers, budget_bytes=1000)
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=b_app), base_url="http://b") as raw:
-            yield a_dir, b_dir, AgentClient("http://b", raw, TOKEN), "http://peer-a"
+            yield a_dir, b_dir, AgentClient("http://b", raw, TOKEN), PEER_A
 
 
 def _visible(folder: Path) -> list[str]:
@@ -109,7 +113,7 @@ async def test_pull_refused_when_peer_file_differs_from_manifest(pair: Any, dama
 async def test_pull_refused_when_manifest_lies_about_tokens(pair: Any) -> None:
     a_dir, b_dir, b, a_url = pair
     m = _publish(a_dir, "p", [1, 2, 3])
-    lie = m.model_copy(update={"tokens_sha256": tokens_sha256([9])})
+    lie = sign_manifest(m.model_copy(update={"tokens_sha256": tokens_sha256([9])}), KEY)
     (a_dir / "p.json").write_text(lie.model_dump_json())
     with pytest.raises(AgentError) as err:
         await b.pull("p", a_url)

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from llamafleet_core.agent_client import AgentError
-from tests.agent.conftest import EXTENSION, TOKEN, MakePod, Pod, prefill_prefix
+from tests.agent.conftest import EXTENSION, TOKEN, MakePod, Pod, prefill_prefix, write_signed
 
 pytestmark = pytest.mark.llama
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -34,7 +34,7 @@ def _edit_manifest(pod: Pod, name: str, edit: Callable[[dict[str, Any]], None]) 
     path = pod.dir / f"{name}.json"
     data = json.loads(path.read_text())
     edit(data)
-    path.write_text(json.dumps(data))
+    write_signed(path, data)
 
 
 async def _refused(pod: Pod, name: str, kind: str, reason_part: str = "") -> None:
@@ -89,7 +89,7 @@ async def test_restore_refused_when_file_is_a_symlink(pod: Pod, tmp_path: Any) -
     (pod.dir / "evil.bin").symlink_to(outside)
     _edit_manifest(pod, "good", lambda m: None)
     manifest = json.loads((pod.dir / "good.json").read_text())
-    (pod.dir / "evil.json").write_text(json.dumps({**manifest, "name": "evil"}))
+    write_signed(pod.dir / "evil.json", {**manifest, "name": "evil"})
     await _refused(pod, "evil", "symlink")
     resp = await pod.raw.get("/v1/snapshots/evil/file", headers=AUTH)
     assert resp.status_code == 409
@@ -104,7 +104,6 @@ ROUTES = [
     ("POST", "/v1/snapshots/save", {"slot": 0, "name": "x"}),
     ("POST", "/v1/snapshots/pull", {"name": "x", "source": "http://127.0.0.1:1"}),
     ("POST", "/v1/snapshots/good/restore", {"slot": 0}),
-    ("GET", "/metrics", None),
 ]
 
 

@@ -16,6 +16,7 @@ from llamafleet_agent.store import Refused, SnapshotStore
 from llamafleet_core.snapshot import Fingerprint, SnapshotManifest
 
 FP = Fingerprint(model_sha256="a" * 64, build="b1")
+KEY = b"k" * 32  # the manifest key (an agent derives it from its token)
 
 
 def _state_file(path: Path, tokens: list[int]) -> None:
@@ -66,7 +67,7 @@ async def test_model_digest_reused_when_file_unchanged(tmp_path: Path) -> None:
 
 
 def test_eviction_takes_least_recently_used_unpinned_first(tmp_path: Path) -> None:
-    store = SnapshotStore(tmp_path, budget_bytes=300)
+    store = SnapshotStore(tmp_path, budget_bytes=300, signing_key=KEY)
     _put(store, "old-pinned", 100, pinned=True)
     _put(store, "old", 100)
     _put(store, "new", 100)
@@ -81,7 +82,7 @@ def test_eviction_takes_least_recently_used_unpinned_first(tmp_path: Path) -> No
 
 
 def test_eviction_skips_snapshot_when_in_use_or_kept(tmp_path: Path) -> None:
-    store = SnapshotStore(tmp_path, budget_bytes=100)
+    store = SnapshotStore(tmp_path, budget_bytes=100, signing_key=KEY)
     _put(store, "busy", 100)
     _put(store, "kept", 100)
     with store.in_use("busy"):
@@ -93,7 +94,7 @@ def test_eviction_skips_snapshot_when_in_use_or_kept(tmp_path: Path) -> None:
 
 
 def test_store_refuses_name_when_traversal(tmp_path: Path) -> None:
-    store = SnapshotStore(tmp_path, budget_bytes=100)
+    store = SnapshotStore(tmp_path, budget_bytes=100, signing_key=KEY)
     for bad in ("../x", "/etc/passwd", ".hidden"):
         with pytest.raises(Refused) as err:
             store.bin_path(bad)
@@ -101,7 +102,7 @@ def test_store_refuses_name_when_traversal(tmp_path: Path) -> None:
 
 
 def test_listing_skips_symlinked_manifest_and_temps_cleaned(tmp_path: Path) -> None:
-    store = SnapshotStore(tmp_path, budget_bytes=1000)
+    store = SnapshotStore(tmp_path, budget_bytes=1000, signing_key=KEY)
     m = _put(store, "real", 10)
     (tmp_path / "elsewhere.json").write_text(m.model_copy(update={"name": "evil"}).model_dump_json())
     (tmp_path / "evil.json").symlink_to(tmp_path / "elsewhere.json")

@@ -47,11 +47,16 @@ def test_rbac_matches_golden(default: list[Manifest]) -> None:
 
 
 def test_rbac_is_least_privilege_in_namespace_scope(default: list[Manifest]) -> None:
-    """No wildcards, no Secrets, nothing cluster-wide but reading CRDs; pods are read-only."""
+    """No wildcards; of Secrets only the fleet agent-token Secret by name (plus create, which reads
+    nothing); nothing cluster-wide but reading CRDs; pods are read-only."""
     rules = [r for o in default if o["kind"] in ("Role", "ClusterRole") for r in o["rules"]]
     for rule in rules:
         assert "*" not in rule["verbs"] and "*" not in rule["resources"] and "*" not in rule["apiGroups"]
-        assert "secrets" not in rule["resources"]
+        if "secrets" in rule["resources"]:
+            assert rule["resources"] == ["secrets"]
+            assert rule["verbs"] == ["create"] or (
+                rule["verbs"] == ["get", "patch"]
+                and rule["resourceNames"] == ["lf-llamafleet-fleet-agent-token"]), rule
     (cluster,) = by_kind(default, "ClusterRole")
     read_crds = {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
                  "verbs": ["get", "list", "watch"]}
@@ -63,16 +68,16 @@ def test_rbac_is_least_privilege_in_namespace_scope(default: list[Manifest]) -> 
 
 
 def test_rbac_follows_the_watched_namespaces(helm: Helm) -> None:
-    """One Role per watched namespace; the agent-token Secret in each of them and in the release namespace
-    (where the gateway and the operator mount it), once each; clusterWide switches to a ClusterRole."""
+    """One Role per watched namespace; the master agent token only in the release namespace (where the
+    gateway and the operator mount it: the operator writes each fleet namespace's own, derived one);
+    clusterWide switches to a ClusterRole."""
     objs = helm.template(sets=("operator.watchNamespaces={team-a,team-b}",))
     assert sorted(r["metadata"]["namespace"] for r in by_kind(objs, "Role")) == ["team-a", "team-b"]
     tokens = [s for s in by_kind(objs, "Secret") if s["metadata"]["name"].endswith("agent-token")]
-    assert sorted(s["metadata"]["namespace"] for s in tokens) == sorted([NAMESPACE, "team-a", "team-b"])
-    assert len({s["data"]["token"] for s in tokens}) == 1, "every namespace must get the same token"
+    assert [s["metadata"]["namespace"] for s in tokens] == [NAMESPACE]
     same = helm.template(sets=(f"operator.watchNamespaces={{{NAMESPACE},team-a}}",))
     tokens = [s for s in by_kind(same, "Secret") if s["metadata"]["name"].endswith("agent-token")]
-    assert sorted(s["metadata"]["namespace"] for s in tokens) == sorted([NAMESPACE, "team-a"])
+    assert [s["metadata"]["namespace"] for s in tokens] == [NAMESPACE]
     wide = helm.template(sets=("operator.clusterWide=true",))
     assert not by_kind(wide, "Role")
     rules = [r for o in by_kind(wide, "ClusterRole") for r in o["rules"]]
@@ -134,11 +139,13 @@ def env(container: Manifest) -> dict[str, Any]:
 
 
 def test_one_agent_token_secret_for_operator_gateway_and_pods(default: list[Manifest]) -> None:
-    """The operator tells rendered pods which Secret to mount; gateway and operator mount the same one."""
+    """Gateway and operator mount the master; the operator tells rendered pods to mount another Secret,
+    the one it writes into their namespace with that namespace's derived token."""
     (secret,) = [s for s in by_kind(default, "Secret") if "token" in s["data"]]
     name = secret["metadata"]["name"]
     operator = one(default, "Deployment", "operator")
-    assert env(pod_spec(operator)["containers"][0])["LLAMAFLEET_OPERATOR_AGENT_TOKEN_SECRET"] == name
+    fleet_secret = env(pod_spec(operator)["containers"][0])["LLAMAFLEET_OPERATOR_AGENT_TOKEN_SECRET"]
+    assert fleet_secret == "lf-llamafleet-fleet-agent-token" and fleet_secret != name
     for w in (operator, one(default, "Deployment", "gateway")):
         vol = next(v for v in pod_spec(w)["volumes"] if v["name"] == "agent-token")
         assert vol["secret"]["secretName"] == name
@@ -149,7 +156,9 @@ def test_gateway_listens_on_all_addresses_with_keys_and_redis(default: list[Mani
     assert gateway["args"][:3] == ["router", "--host=0.0.0.0", "--port=8000"]
     keys = next(a for a in gateway["args"] if a.startswith("--api-keys-file="))
     assert keys.endswith("/api-keys")
-    assert env(gateway)["LLAMAFLEET_ROUTER_REDIS_URL"] == "redis://lf-llamafleet-redis.llamafleet.svc:6379/0"
+    # The password from the redis-auth Secret, expanded by the kubelet (tests/security/test_redis_auth.py).
+    assert env(gateway)["LLAMAFLEET_ROUTER_REDIS_URL"] == (
+        "redis://:$(LLAMAFLEET_REDIS_PASSWORD)@lf-llamafleet-redis.llamafleet.svc:6379/0")
     assert one(default, "Deployment", "gateway")["spec"]["replicas"] == 2
     (keys_secret,) = [s for s in by_kind(default, "Secret") if "api-keys" in s["data"]]
     assert keys_secret["metadata"]["name"] == "lf-llamafleet-api-keys"

@@ -166,31 +166,34 @@ WATCH = "operator.watchNamespaces={team-a,team-b}"
 TOKEN = "token-of-the-first-install-0123456789"
 
 
-def test_upgrade_keeps_the_agent_token_of_the_release_namespace(
+def test_upgrade_keeps_the_master_agent_token_of_the_release_namespace(
         helm: Helm, cluster: tuple[FakeApiServer, Path]) -> None:
+    """The master token lives in the release namespace only (fleet namespaces get derived tokens, written
+    by the operator), and an upgrade keeps it."""
     fake, kubeconfig = cluster
-    fake.put_secret(NAMESPACE, f"{RELEASE}-llamafleet-agent-token", token=TOKEN)
+    fake.put_secret(NAMESPACE, f"{RELEASE}-llamafleet-agent-token", token=TOKEN, scope="master")
     assert token_secrets(upgrade(helm, kubeconfig)) == {NAMESPACE: TOKEN}
-    assert token_secrets(upgrade(helm, kubeconfig, WATCH)) == dict.fromkeys([NAMESPACE, "team-a", "team-b"],
-                                                                           TOKEN)
+    assert token_secrets(upgrade(helm, kubeconfig, WATCH)) == {NAMESPACE: TOKEN}
     assert any(r.startswith(f"/api/v1/namespaces/{NAMESPACE}/secrets/") for r in fake.requests)
 
 
-def test_upgrade_keeps_a_token_only_the_watched_namespaces_held(
+def test_upgrade_replaces_a_token_that_fleet_namespaces_held(
         helm: Helm, cluster: tuple[FakeApiServer, Path]) -> None:
-    """A release of the chart that wrote the token only into the watched namespaces: the upgrade finds it
-    there and copies it into the release namespace instead of generating a new one."""
+    """An older release copied its one token into every watched namespace, where fleet pods mounted it:
+    whoever runs a fleet there knows it, so it must not become the master the namespaces' tokens derive
+    from. The upgrade generates a new master (issue 22, finding 3)."""
     fake, kubeconfig = cluster
+    fake.put_secret(NAMESPACE, f"{RELEASE}-llamafleet-agent-token", token=TOKEN)
     fake.put_secret("team-b", f"{RELEASE}-llamafleet-agent-token", token=TOKEN)
-    assert token_secrets(upgrade(helm, kubeconfig, WATCH)) == dict.fromkeys([NAMESPACE, "team-a", "team-b"],
-                                                                           TOKEN)
+    tokens = token_secrets(upgrade(helm, kubeconfig, WATCH))
+    assert sorted(tokens) == [NAMESPACE] and tokens[NAMESPACE] != TOKEN
 
 
 def test_without_a_token_in_the_cluster_one_is_generated(
         helm: Helm, cluster: tuple[FakeApiServer, Path]) -> None:
     _, kubeconfig = cluster
     tokens = token_secrets(upgrade(helm, kubeconfig, WATCH))
-    assert sorted(tokens) == [NAMESPACE, "team-a", "team-b"]
+    assert sorted(tokens) == [NAMESPACE]
     (token,) = set(tokens.values())
     assert len(token) == 48 and token != TOKEN
 

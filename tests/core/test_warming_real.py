@@ -23,6 +23,7 @@ from llamafleet_agent import AgentSettings, create_app
 from llamafleet_core.agent_client import AgentClient
 from llamafleet_core.index.redis_index import RedisPrefixIndex, connect_index
 from llamafleet_core.llama_client import LlamaClient
+from llamafleet_core.networks import LOOPBACK_NETWORKS
 from llamafleet_core.prefix import ChatTemplate, chat_identity
 from llamafleet_core.warming import (
     PodWarmState,
@@ -81,6 +82,7 @@ class Bed:
         values: dict[str, Any] = {
             "llama_url": server.url, "snapshot_dir": snapdir, "model_file": model, "slots": SLOTS,
             "flash_attn": "on", "pod_name": name, "model_name": MODEL,
+            "peer_networks": list(LOOPBACK_NETWORKS),  # the bed's agents are on loopback
         }
         llama = LlamaClient(server.url, self.http)
         app = create_app(AgentSettings(**{**values, **overrides}), llama=llama, http=self.http,

@@ -9,6 +9,11 @@ A streamed body with the fake-only field `fake_events: N` gets N events of 4 KB 
 time as the server takes them, like a long generation; its progress is recorded (`Stream`), so that a
 test can see backpressure stall it and a disconnect stop it.
 
+A non-streamed body with the fake-only field `fake_bytes: N` gets an answer of about N bytes (one long
+`content`), produced 64 KiB at a time as the server takes them, with a Content-Length when it also sets
+`fake_declare: true`; its progress is recorded as a `Stream` whose events are the 64 KiB pieces, so that
+a test can see how much of it the gateway read before it gave up.
+
 Any route the real server has beyond the ones above (`POST /props`, `/slots/0`, `/tokenize`, ...) is
 answered by a catch-all with 200: a request the gateway should never have forwarded then shows up as a
 success, not as a 404/405 that a surface test would accept.
@@ -39,6 +44,8 @@ TIMINGS = {"cache_n": 0, "prompt_n": 12, "predicted_n": 2, "prompt_ms": 1.0, "pr
 #: request: discovery's polls. The gateway never forwards a client's headers, so a client cannot forge it.
 BACKGROUND = "x-fake-pod-background"
 _METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+#: The fake-only body fields (see above): the gateway forwards them only when told to (`extra_fields`).
+FAKE_FIELDS = ("fake_events", "fake_bytes", "fake_declare")
 
 
 @dataclass(frozen=True)
@@ -67,6 +74,29 @@ class Stream:
 _LONG_EVENT = b"data: " + json.dumps({"choices": [{"index": 0, "delta": {"content": "x" * 4000}}],
                                       "object": "chat.completion.chunk"}, separators=(",", ":")).encode()
 _LONG_EVENT += b"\n\n"
+_PIECE = b"x" * (64 * 1024)
+
+
+async def _large(stream: Stream, head: bytes, tail: bytes) -> AsyncIterator[bytes]:
+    try:
+        yield head
+        for _ in range(stream.total):
+            yield _PIECE
+            stream.sent += 1
+            await asyncio.sleep(0)  # as in _long: a closed connection is noticed between two pieces
+        yield tail
+    finally:
+        stream.ended = True
+
+
+def _large_answer(size: int, slot: object, declare: bool, streams: list[Stream]) -> Response:
+    head = b'{"choices":[{"index":0,"message":{"role":"assistant","content":"'
+    tail = (b'"},"finish_reason":"stop"}],"timings":' + json.dumps(TIMINGS).encode()
+            + b',"id_slot":' + json.dumps(slot).encode() + b',"object":"chat.completion"}')
+    streams.append(stream := Stream(max(0, size - len(head) - len(tail)) // len(_PIECE)))
+    length = len(head) + stream.total * len(_PIECE) + len(tail)
+    headers = {"content-length": str(length)} if declare else None
+    return StreamingResponse(_large(stream, head, tail), media_type="application/json", headers=headers)
 
 
 async def _long(stream: Stream, tail: bytes) -> AsyncIterator[bytes]:
@@ -118,6 +148,8 @@ def fake_pod(received: list[dict[str, Any]], hits: list[Hit] | None = None,
                 streams.append(stream := Stream(long))
                 return StreamingResponse(_long(stream, raw), media_type="text/event-stream")
             return StreamingResponse(iter([raw]), media_type="text/event-stream")
+        if isinstance(size := body.get("fake_bytes"), int) and size > 0 and streams is not None:
+            return _large_answer(size, slot, body.get("fake_declare") is True, streams)
         return JSONResponse({"choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"},
                                           "finish_reason": "stop"}],
                              "timings": TIMINGS, "id_slot": slot, "object": "chat.completion"})

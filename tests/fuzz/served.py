@@ -29,7 +29,8 @@ from llamafleet_router.app import create_app
 from llamafleet_router.discovery.static import StaticDiscovery
 from llamafleet_router.inprocess import serve
 from llamafleet_router.settings import RouterSettings
-from tests.fuzz.fake_pod import BACKGROUND, Hit, Stream, fake_pod
+from llamafleet_router.transport import HeadBounds, bounded_protocol
+from tests.fuzz.fake_pod import BACKGROUND, FAKE_FIELDS, Hit, Stream, fake_pod
 
 T = TypeVar("T")
 API_KEY = "fuzz-secret-key-0123456789"
@@ -58,9 +59,21 @@ def client_requests_marked(app: ASGIApp) -> ASGIApp:
     return marked
 
 
-def gateway_app(pod_url: str, *, max_body_bytes: int = 256 * 1024) -> Starlette:
-    settings = RouterSettings(pods=[pod_url], poll_interval=0.2, api_keys=SecretStr(f"fuzz:{API_KEY}"),
-                              max_body_bytes=max_body_bytes)
+def gateway_settings(pod_url: str, *, max_body_bytes: int = 256 * 1024, **overrides: Any) -> RouterSettings:
+    """The served gateway's settings; `overrides` are any other RouterSettings fields. The fake pod's
+    own fields (`FAKE_FIELDS`) are allowed through, as an operator allows llama-server's. The fuzzers'
+    key is an admin key: the surface tests read the routing headers (`x-llamafleet-slot`)."""
+    fields: dict[str, Any] = {"pods": [pod_url], "poll_interval": 0.2, "max_body_bytes": max_body_bytes,
+                              "api_keys": SecretStr(f"fuzz:{API_KEY}"), "extra_fields": list(FAKE_FIELDS),
+                              "admin_keys": ["fuzz"], **overrides}
+    return RouterSettings(**fields)
+
+
+def gateway_app(pod_url: str, **kwargs: Any) -> Starlette:
+    return app_for(gateway_settings(pod_url, **kwargs))
+
+
+def app_for(settings: RouterSettings) -> Starlette:
     app = create_app(
         settings, index=InMemoryPrefixIndex(), leases=InMemorySlotLeases(),
         discovery=lambda http, fence: StaticDiscovery(settings.pod_specs, mark_background(http),
@@ -115,8 +128,11 @@ def served_gateway(**kwargs: Any) -> Iterator[Served]:
         try:
             async with serve(fake_pod(served.received, served.hits, served.streams)) as pod_url:
                 served.pod_url = pod_url
-                served.app = gateway_app(pod_url, **kwargs)
-                async with serve(client_requests_marked(served.app)) as url:
+                settings = gateway_settings(pod_url, **kwargs)
+                served.app = app_for(settings)
+                # As `llamafleet router` serves it: request heads bounded by the settings (transport.py).
+                protocol = bounded_protocol(HeadBounds.from_settings(settings))
+                async with serve(client_requests_marked(served.app), http=protocol) as url:
                     served.url = url
                     ready.set()
                     await stop.wait()

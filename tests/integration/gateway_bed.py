@@ -49,7 +49,8 @@ async def gateway(
     workdir = Path(tempfile.mkdtemp(prefix="gateway-bed-"))
     settings = RouterSettings(pods=",".join(pod_urls), redis_url=redis_url, poll_interval=poll_interval,
                               index_ping_interval=0.2, config_file=_patient_lookup(workdir),
-                              agent_token=SecretStr(agent_token) if agent_token else None)
+                              agent_token=SecretStr(agent_token) if agent_token else None,
+                              expose_routing_headers=True)  # the tests read x-llamafleet-* (no keys here)
     client = connect_index(redis_url)
     index = RedisPrefixIndex(client, prefix=prefix)
     leases = RedisSlotLeases(client, prefix=prefix)

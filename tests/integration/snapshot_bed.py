@@ -19,6 +19,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from llamafleet_agent import AgentSettings, create_app
 from llamafleet_core.llama_client import LlamaClient
+from llamafleet_core.networks import LOOPBACK_NETWORKS
+from llamafleet_core.snapshot import SnapshotManifest
+from llamafleet_core.snapshot_signing import manifest_key, sign_manifest
 from llamafleet_local.llama_process import LlamaServerProcess
 from llamafleet_router.inprocess import serve
 from tests.fixtures.llama import StartLlamaServer
@@ -86,7 +89,7 @@ async def agent_pod(
     server = start(model, slots=slots, slot_save_path=snapdir, extra_args=("-a", name, *SERVER_ARGS))
     settings = AgentSettings(
         llama_url=server.url, snapshot_dir=snapdir, model_file=model, slots=slots, flash_attn="on",
-        pod_name=root.name, model_name=name,
+        pod_name=root.name, model_name=name, peer_networks=list(LOOPBACK_NETWORKS),
     )
     app: Any = create_app(settings, llama=LlamaClient(server.url, http), http=http,
                           registry=CollectorRegistry(), token=TOKEN)
@@ -112,7 +115,9 @@ def damage(pod: AgentPod, name: str, how: str) -> None:
             manifest["fingerprint"]["model_sha256"] = "0" * 64
         else:
             manifest["fingerprint"]["cache_type_k"] = "q8_0"
-        manifest_path.write_text(json.dumps(manifest))
+        # Signed as the agent would: the case is a snapshot that does not fit, not an unsigned one.
+        signed = sign_manifest(SnapshotManifest.model_validate(manifest), manifest_key(TOKEN))
+        manifest_path.write_text(signed.model_dump_json())
     else:
         raise ValueError(how)
 

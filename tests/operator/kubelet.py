@@ -25,8 +25,10 @@ from prometheus_client import CollectorRegistry
 from llamafleet_agent import AgentSettings, create_app
 from llamafleet_core import podspec
 from llamafleet_core.agent_client import AgentClient
+from llamafleet_core.agent_tokens import namespace_token
 from llamafleet_core.crd.models import LlamaFleetSpec
 from llamafleet_core.llama_client import LlamaClient
+from llamafleet_core.networks import LOOPBACK_NETWORKS
 from llamafleet_local.llama_process import LlamaServerProcess
 from llamafleet_local.redis_server import free_port
 from tests.operator.kmock_support import KubeEmulator
@@ -77,6 +79,12 @@ class Kubelet:
     pods: dict[str, LocalPod] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
 
+    @property
+    def agent_token(self) -> str:
+        """What the pod's agent-token Secret would hold: the namespace's token, derived from the master
+        the operator holds (`token`)."""
+        return namespace_token(self.token, NS)
+
     async def run(self) -> None:
         while True:
             try:
@@ -126,9 +134,10 @@ class Kubelet:
             cache_type_k=str(kv["cache_type_k"]), cache_type_v=str(kv["cache_type_v"]),
             flash_attn=str(kv["flash_attn"]), kv_unified=bool(kv["kv_unified"]), slots=spec.slots,
             budget_bytes=podspec.snapshot_budget_bytes(spec), pod_name=name, await_required=True,
+            peer_networks=list(LOOPBACK_NETWORKS),  # every "pod" of this kubelet is on loopback
         )
         app = create_app(settings, llama=LlamaClient(server.url, self.http), http=self.http,
-                         registry=CollectorRegistry(), token=self.token)
+                         registry=CollectorRegistry(), token=self.agent_token)
         uv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=agent_port, log_level="warning"))
         task = asyncio.create_task(uv.serve())
         for _ in range(250):
@@ -148,7 +157,7 @@ class Kubelet:
         }
         resp = await self.api.post(f"/api/v1/namespaces/{NS}/pods", json=body)
         assert resp.status == 201, await resp.text()
-        agent = AgentClient(f"http://127.0.0.1:{agent_port}", self.http, self.token)
+        agent = AgentClient(f"http://127.0.0.1:{agent_port}", self.http, self.agent_token)
         self.pods[name] = LocalPod(name, server, agent_port, uv, task, agent)
         await self._report(self.pods[name])
 

@@ -26,6 +26,7 @@ from prometheus_client import CollectorRegistry
 from llamafleet_agent import AgentSettings, create_app
 from llamafleet_core import labels as L
 from llamafleet_core import membership
+from llamafleet_core.agent_tokens import namespace_token
 from llamafleet_local.redis_server import free_port
 from llamafleet_operator.settings import OperatorSettings
 from tests.agent.test_app_offline import PropsOnly as NoServer  # no slot operation is expected
@@ -66,7 +67,9 @@ async def agent_serving(workdir: Path, help_text: str) -> AsyncIterator[int]:
     settings = AgentSettings(snapshot_dir=workdir / "snapshots", model_sha256="c" * 64, slots=2,
                              server_help_file=help_file, pod_name=workdir.name)
     async with httpx.AsyncClient() as http:
-        app = create_app(settings, llama=NoServer(), http=http, registry=CollectorRegistry(), token=TOKEN)
+        # The pod's token: its namespace's, derived from the operator's master token.
+        app = create_app(settings, llama=NoServer(), http=http, registry=CollectorRegistry(),
+                         token=namespace_token(TOKEN, NS))
         port = free_port()
         server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
         task = asyncio.create_task(server.serve())

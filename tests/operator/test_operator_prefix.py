@@ -67,7 +67,8 @@ async def test_shared_prefix_warm_everywhere_and_removed_when_deleted(
         monkeypatch.setenv("KUBECONFIG", kubeconfig)
         settings = OperatorSettings(
             kubeconfig=kubeconfig, namespaces=[NS], redis_url=redis_url, index_prefix=prefix,
-            agent_token=TOKEN, reconcile_interval_s=0.5, prefix_interval_s=0.5)
+            agent_token=TOKEN, reconcile_interval_s=0.5, prefix_interval_s=0.5,
+            allowed_host_paths=[str(tiny_models.dense.parent)])
         async with (
             running_kubelet(api, binary=llama_server_bin, model=tiny_models.dense, workdir=tmp_path / "node",
                             token=TOKEN) as node,

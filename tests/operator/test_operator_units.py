@@ -98,10 +98,10 @@ def test_required_set_leaves_out_prefixes_being_deleted() -> None:
     """Pods must not wait for a snapshot that is about to be removed, nor for one never warmed."""
     name = snapshot_of("p", "0123456789abcdef0123")
     assert name == "sp-p-0123456789ab"
-    prefixes = [FleetPrefix("p", name, frozenset(), False),
-                FleetPrefix("q", "sp-q-aaaaaaaaaaaa", frozenset(), True),
+    prefixes = [FleetPrefix("p", name, frozenset({"a"}), False),
+                FleetPrefix("q", "sp-q-aaaaaaaaaaaa", frozenset({"a"}), True),
                 FleetPrefix("r", None, frozenset(), False)]
-    assert required_set(prefixes) == ["sp-p-0123456789ab"]
+    assert required_set(prefixes, ["a"]) == ["sp-p-0123456789ab"]
 
 
 def test_pod_endpoints_read_from_named_ports() -> None:

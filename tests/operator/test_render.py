@@ -144,11 +144,12 @@ def test_snapshot_folder_is_shared_by_server_and_agent() -> None:
 def test_network_policy_admits_only_gateway_operator_and_peers() -> None:
     """Clients never reach llama-server's admin endpoints: only gateway, operator and peer agents may."""
     policy = rendered("minimal", operator_namespace="llamafleet-system")["NetworkPolicy"]["spec"]
-    assert policy["policyTypes"] == ["Ingress"]
+    assert policy["policyTypes"] == ["Ingress", "Egress"]  # egress: tests/security/test_network_policy.py
     control, peers = policy["ingress"]
     components = [p["podSelector"]["matchLabels"][L.COMPONENT] for p in control["from"]]
     assert components == ["gateway", "operator"]
-    assert "namespaceSelector" not in control["from"][0]
+    # The gateway of the fleet's own namespace, named explicitly (finding 17 of issue 22).
+    assert control["from"][0]["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "demo"}
     assert control["from"][1]["namespaceSelector"]["matchLabels"] == {
         "kubernetes.io/metadata.name": "llamafleet-system"}
     assert peers["from"][0]["podSelector"]["matchLabels"] == L.fleet_labels("tiny")

@@ -203,7 +203,7 @@ async def test_auth_rejects_missing_and_wrong_keys_and_accepts_the_right_one(
     itself never reaches logs or metrics."""
     secret = "sk-very-secret-123"
     caplog.set_level(logging.DEBUG)
-    async with app_client(make_app(api_keys=f"alice:{secret},bob:other")) as client:
+    async with app_client(make_app(api_keys=f"alice:{secret},bob:other", admin_keys="alice")) as client:
         missing = await client.post("/v1/chat/completions", json=chat_body())
         wrong = await client.post(
             "/v1/chat/completions", json=chat_body(), headers={"authorization": "Bearer sk-wrong"}
@@ -213,7 +213,7 @@ async def test_auth_rejects_missing_and_wrong_keys_and_accepts_the_right_one(
         )
         header = await client.post("/v1/chat/completions", json=chat_body(), headers={"x-api-key": "other"})
         models = await client.get("/v1/models")
-        metrics = (await client.get("/metrics")).text
+        metrics = (await client.get("/metrics", headers={"authorization": f"Bearer {secret}"})).text  # admin
     assert assert_openai_error(missing, 401)["type"] == "invalid_request_error"
     assert assert_openai_error(wrong, 401)["type"] == "authentication_error"
     assert assert_openai_error(models, 401)

@@ -1,4 +1,5 @@
-"""Kubernetes NetworkPolicy ingress semantics, as pure functions, for checking rendered policies.
+"""Kubernetes NetworkPolicy semantics (ingress, and egress at the end), as pure functions, for checking
+rendered policies.
 
 What the API server documents (networking.k8s.io/v1), for one policy alone in its namespace:
 
@@ -20,6 +21,7 @@ What the API server documents (networking.k8s.io/v1), for one policy alone in it
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -103,5 +105,66 @@ def admits(policy: dict[str, Any], pod_labels: dict[str, str], source: Source, p
         if ports and not any(port_admits(p, port) for p in ports):
             continue
         if not peers or any(peer_admits(peer, namespace, source) for peer in peers):
+            return True
+    return False
+
+
+# --- egress ---------------------------------------------------------------------------------------------
+#
+# For one policy alone, from the API server's documentation: a policy isolates its pods for egress when
+# `policyTypes` names Egress (unset: when the policy has an `egress` section); an isolated pod may open
+# what some rule of `egress` admits, and nothing else (a missing or empty `egress` admits nothing). A rule
+# admits a connection when one of its `ports` matches (none: every port) and one of its `to` peers
+# matches the destination (none: every destination). An `ipBlock` peer matches an address inside `cidr`
+# and outside every `except` (pods have addresses too: a broad block matches them whatever their
+# labels); selectors match pods as for ingress and never an address outside the cluster.
+
+@dataclass(frozen=True)
+class Destination:
+    """Where a connection goes: a pod (namespace, labels, its address) or, with `namespace=None`, an
+    address outside the cluster's pods (the API server's, a metadata service, the internet)."""
+
+    name: str
+    namespace: str | None
+    ip: str
+    labels: dict[str, str] = field(default_factory=dict)
+    namespace_labels: dict[str, str] = field(default_factory=dict)
+
+    def as_source(self) -> Source:
+        return Source(self.name, self.namespace, self.labels, self.namespace_labels)
+
+
+def isolates_egress(spec: dict[str, Any]) -> bool:
+    types = spec.get("policyTypes")
+    return "Egress" in types if types is not None else "egress" in spec
+
+
+def in_block(ip: str, block: dict[str, Any]) -> bool:
+    address = ipaddress.ip_address(ip)
+    net = ipaddress.ip_network(block["cidr"])
+    if address.version != net.version or address not in net:
+        return False
+    return not any(address in ipaddress.ip_network(e) for e in block.get("except") or []
+                   if ipaddress.ip_network(e).version == address.version)
+
+
+def egress_peer_admits(peer: dict[str, Any], policy_namespace: str, dest: Destination) -> bool:
+    if "ipBlock" in peer:
+        return in_block(dest.ip, peer["ipBlock"])
+    return peer_admits(peer, policy_namespace, dest.as_source())
+
+
+def admits_egress(policy: dict[str, Any], pod_labels: dict[str, str], dest: Destination, port: int,
+                  protocol: str = "TCP") -> bool:
+    """Whether a pod labelled `pod_labels` in the policy's namespace may connect to `dest` on `port`,
+    when `policy` is the only NetworkPolicy there."""
+    spec, namespace = policy["spec"], policy["metadata"]["namespace"]
+    if not selects(spec["podSelector"], pod_labels) or not isolates_egress(spec):
+        return True
+    for rule in spec.get("egress") or []:
+        ports, peers = rule.get("ports") or [], rule.get("to") or []
+        if ports and not any(port_admits(p, port, protocol) for p in ports):
+            continue
+        if not peers or any(egress_peer_admits(peer, namespace, dest) for peer in peers):
             return True
     return False

@@ -5,7 +5,9 @@ that might try:
   the agent's port also from the fleet's own pods (peer pulls); nobody else reaches either, in any
   namespace layout, nor any other port;
 - the chart's: Redis only from the release's gateway and operator, the operator from nobody, the gateway
-  from anyone but on its HTTP port only.
+  from anyone but on its HTTP port only;
+- egress: fleet pods reach DNS, their peers' agent port and (a fleet that downloads its model) that
+  URL's port outside link-local addresses, nothing else; the chart's pods what each needs.
 
 The check can fail: doctored copies of a fleet's policy that a careless edit could produce (an allow-all
 rule, a rule without `from` or `ports`, a broad namespaceSelector, selectors OR'ed instead of AND'ed,
@@ -29,7 +31,7 @@ from llamafleet_core.crd.models import LlamaFleet
 from llamafleet_local import helm
 from llamafleet_operator.render import render_all
 from llamafleet_operator.render.common import Target
-from tests.security.netpol import NAMESPACE_NAME, Source, admits, selects
+from tests.security.netpol import NAMESPACE_NAME, Destination, Source, admits, admits_egress, selects
 
 ROOT = Path(__file__).parents[2]
 SPECS = ROOT / "tests" / "operator" / "specs"
@@ -200,3 +202,139 @@ def test_the_charts_policies_admit_only_what_they_say() -> None:
         for name, source in who.items():
             want = name in allowed.get((target, port), set())
             assert admits(policies[target], pods[target], source, port) is want, (target, port, name)
+
+
+# --- egress (finding 17 of issue 22) --------------------------------------------------------------------
+
+KUBE_DNS = Destination("kube-dns", "kube-system", "10.96.0.10", {"k8s-app": "kube-dns"})
+NODE_DNS = Destination("node-local dns", None, "169.254.20.10")
+API_SERVER = Destination("api server", None, "172.18.0.2")
+METADATA = Destination("cloud metadata", None, "169.254.169.254")
+INTERNET = Destination("model host", None, "203.0.113.7")
+INTERNET6 = Destination("model host (v6)", None, "2001:db8::7")
+
+
+def destinations(pod: dict[str, str]) -> dict[str, tuple[Destination, int, str]]:
+    """name -> (destination, port, protocol) for everything a fleet pod might try to reach."""
+    other_fleet = {**pod, L.FLEET: pod[L.FLEET] + "-other"}
+    redis = {"app.kubernetes.io/component": "redis", L.APP_PART_OF: L.PART_OF}
+    return {
+        "dns (udp)": (KUBE_DNS, 53, "UDP"),
+        "dns (tcp)": (KUBE_DNS, 53, "TCP"),
+        "node-local dns": (NODE_DNS, 53, "UDP"),
+        "peer agent": (Destination("peer", NS, "10.244.0.7", pod), podspec.AGENT_PORT, "TCP"),
+        "peer llama-server": (Destination("peer", NS, "10.244.0.7", pod), podspec.SERVER_PORT, "TCP"),
+        "peer agent, other namespace": (
+            Destination("peer-elsewhere", "elsewhere", "10.244.1.7", pod), podspec.AGENT_PORT, "TCP"),
+        "other fleet's agent": (
+            Destination("other", NS, "10.244.0.8", other_fleet), podspec.AGENT_PORT, "TCP"),
+        "redis": (Destination("redis", "llamafleet", "10.244.2.2", redis), 6379, "TCP"),
+        "api server": (API_SERVER, 6443, "TCP"),
+        "metadata (http)": (METADATA, 80, "TCP"),
+        "metadata (https)": (METADATA, 443, "TCP"),
+        "internet (https)": (INTERNET, 443, "TCP"),
+        "internet (https, v6)": (INTERNET6, 443, "TCP"),
+        "internet (ssh)": (INTERNET, 22, "TCP"),
+    }
+
+
+def egress_violations(policy: Manifest, pod: dict[str, str], downloads: bool) -> list[str]:
+    allowed = {"dns (udp)", "dns (tcp)", "node-local dns", "peer agent"}
+    if downloads:
+        allowed |= {"internet (https)", "internet (https, v6)"}
+    found = []
+    for name, (dest, port, protocol) in destinations(pod).items():
+        want = name in allowed
+        if admits_egress(policy, pod, dest, port, protocol) is not want:
+            found.append(f"{name} {'refused' if want else 'admitted'}")
+    return found
+
+
+@pytest.mark.parametrize("spec", sorted(p.stem for p in SPECS.glob("*.yaml")))
+@pytest.mark.parametrize(("gateway_ns", "operator_ns"), LAYOUTS)
+def test_fleet_pods_reach_only_dns_their_peers_and_their_model_host(
+    spec: str, gateway_ns: str | None, operator_ns: str | None,
+) -> None:
+    """Not Redis, not the API server, not other fleets, not metadata services; a model URL's port only for
+    a fleet that downloads its model (its init container)."""
+    policy, pod = rendered(spec, gateway_ns, operator_ns)
+    downloads = "url" in yaml.safe_load((SPECS / f"{spec}.yaml").read_text())["spec"]["model"]["source"]
+    assert egress_violations(policy, pod, downloads) == []
+
+
+DOCTORED_EGRESS: dict[str, Callable[[Manifest], None]] = {
+    "no Egress isolation": lambda s: s.update({"policyTypes": ["Ingress"]}),
+    "an allow-all rule": lambda s: s["egress"].append({}),
+    "peers in every namespace": lambda s: s["egress"][1]["to"][0].update({"namespaceSelector": {}}),
+    "peers by namespace only (OR)": lambda s: s["egress"][1]["to"].append(
+        {"namespaceSelector": {"matchLabels": {NAMESPACE_NAME: NS}}}),
+    "dns on every port": lambda s: s["egress"][0].pop("ports"),
+    "the download block without its exception": lambda s: s["egress"][2]["to"][0]["ipBlock"].pop("except"),
+    "the download rule on every port": lambda s: s["egress"][2].pop("ports"),
+}
+
+
+@pytest.mark.parametrize("change", sorted(DOCTORED_EGRESS))
+def test_a_doctored_egress_policy_is_caught(change: str) -> None:
+    policy, pod = rendered("minimal", None, None)  # downloads its model: all three rules
+    doctored = copy.deepcopy(policy)
+    DOCTORED_EGRESS[change](doctored["spec"])
+    found = egress_violations(doctored, pod, downloads=True)
+    assert any("admitted" in v for v in found), (change, found)
+
+
+@pytest.mark.parametrize(("rule", "dest", "port", "expected"), [
+    ({}, INTERNET, 22, True),
+    ({"to": [{"ipBlock": {"cidr": "0.0.0.0/0", "except": ["169.254.0.0/16"]}}]}, METADATA, 80, False),
+    ({"to": [{"ipBlock": {"cidr": "0.0.0.0/0"}}]}, Destination("pod", NS, "10.244.0.9"), 80, True),
+    ({"to": [{"ipBlock": {"cidr": "::/0"}}]}, INTERNET, 80, False),  # another address family
+    ({"to": [{"podSelector": {}}]}, INTERNET, 80, False),
+    ({"to": [{"podSelector": {}}]}, Destination("pod", NS, "10.244.0.9"), 80, True),
+    ({"ports": [{"protocol": "UDP", "port": 53}]}, KUBE_DNS, 53, False),  # TCP asked
+])
+def test_the_egress_evaluator_follows_kubernetes(rule: Manifest, dest: Destination, port: int,
+                                                 expected: bool) -> None:
+    def policy(**spec: Any) -> Manifest:
+        return {"metadata": {"namespace": NS}, "spec": {"podSelector": {}, **spec}}
+
+    assert admits_egress(policy(policyTypes=["Egress"], egress=[rule]), {}, dest, port) is expected
+    assert not admits_egress(policy(policyTypes=["Egress"]), {}, dest, port)  # isolated, nothing admitted
+    assert admits_egress(policy(policyTypes=["Ingress"]), {}, dest, port)  # not isolated for egress
+    assert not admits_egress(policy(egress=[]), {}, dest, port)  # an egress section implies Egress
+
+
+def test_the_charts_pods_reach_only_what_they_need() -> None:
+    """Gateway: DNS, Redis, the watched namespaces' fleet pods. Operator: the same plus the API server.
+    Redis: nothing."""
+    chart = ROOT / "charts" / "llamafleet"
+    argv = [str(helm.helm()), "template", "lf", str(chart), "--namespace", "llamafleet",
+            "--set", "operator.watchNamespaces={llamafleet,team}"]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=True)
+    objs = [d for d in yaml.safe_load_all(out.stdout) if d]
+    pods = {o["metadata"]["name"].removeprefix("lf-llamafleet-"): o["spec"]["template"]["metadata"]["labels"]
+            for o in objs if o["kind"] in ("Deployment", "StatefulSet")}
+    policies = {o["metadata"]["name"].removeprefix("lf-llamafleet-"): o for o in objs
+                if o["kind"] == "NetworkPolicy"}
+    fleet_pod = {L.FLEET: "f", L.COMPONENT: "server", L.APP_PART_OF: L.PART_OF}
+    where = {
+        "dns": (KUBE_DNS, 53, "UDP"),
+        "redis": (Destination("redis", "llamafleet", "10.244.2.2", pods["redis"]), 6379, "TCP"),
+        "other release's redis": (Destination("redis2", "other", "10.244.3.2", pods["redis"]), 6379, "TCP"),
+        "fleet llama-server": (
+            Destination("f-0", "team", "10.244.4.4", fleet_pod), podspec.SERVER_PORT, "TCP"),
+        "fleet agent": (Destination("f-0", "team", "10.244.4.4", fleet_pod), podspec.AGENT_PORT, "TCP"),
+        "unwatched fleet": (Destination("g-0", "elsewhere", "10.244.5.5", fleet_pod), podspec.SERVER_PORT,
+                            "TCP"),
+        "api server": (API_SERVER, 6443, "TCP"),
+        "metadata": (METADATA, 80, "TCP"),
+        "internet": (INTERNET, 443, "TCP"),
+    }
+    fleets = {"dns", "redis", "fleet llama-server", "fleet agent"}
+    allowed = {"gateway": fleets, "operator": fleets | {"api server", "internet"}, "redis": set()}
+    for target, reachable in allowed.items():
+        for name, (dest, port, protocol) in where.items():
+            want = name in reachable
+            # The operator's API server rule is by port (the Service address is rewritten before policies
+            # apply): 443 anywhere is the API server's port too.
+            got = admits_egress(policies[target], pods[target], dest, port, protocol)
+            assert got is want, (target, name)

@@ -17,6 +17,8 @@ import httpx
 import pytest
 
 from llamafleet_core.agent_client import AgentClient
+from llamafleet_core.snapshot import SnapshotManifest
+from llamafleet_core.snapshot_signing import manifest_key, sign_manifest
 from llamafleet_local.reliability.bed import PREFIX, Bed, kill, running_fleet, until
 from llamafleet_local.reliability.replicas import start_replica
 
@@ -25,7 +27,7 @@ pytestmark = [pytest.mark.llama, pytest.mark.redis]
 AGENT_ROUTES = [("GET", "/v1/fingerprint"), ("GET", "/v1/snapshots"), ("GET", "/v1/required"),
                 ("PUT", "/v1/required"), ("POST", "/v1/snapshots/save"), ("POST", "/v1/snapshots/pull"),
                 ("GET", "/v1/snapshots/x"), ("DELETE", "/v1/snapshots/x"), ("GET", "/v1/snapshots/x/file"),
-                ("POST", "/v1/snapshots/x/restore"), ("GET", "/metrics")]
+                ("POST", "/v1/snapshots/x/restore")]  # /metrics is open: test_agent_trust_real.py
 BAD_NAMES = ["../x", "../../etc/passwd", "/etc/passwd", "a/b", "..", ".", "x\x00y", "%2e%2e%2fx",
              "x" * 300, "con:x"]
 
@@ -66,11 +68,11 @@ async def test_the_agent_answers_401_without_its_token_and_refuses_path_names(be
 SECRET = b"root:x:0:0:a secret line\n"  # what a link planted in the folder could expose
 
 
-def plant(folder: Path, name: str, outside: Path) -> None:
+def plant(folder: Path, name: str, outside: Path, key: bytes) -> None:
     """Next to snapshot `name`: `copy` (regular files), `link` (its manifest a link to one outside the
     folder), `abs` (its file an absolute link to the real file) and `passwd` (its file a link to a secret
     file outside). Every manifest names its snapshot and gives the size and hash of the file it points
-    at."""
+    at, and is signed with the agents' manifest `key`: each is refused for its link, not its signature."""
     real = folder / f"{name}.bin"
     outside.mkdir()
     (outside / "passwd").write_bytes(SECRET)
@@ -78,8 +80,9 @@ def plant(folder: Path, name: str, outside: Path) -> None:
 
     def write_manifest(path: Path, as_name: str, target: Path = real) -> None:
         data = target.read_bytes()
-        path.write_text(json.dumps({**manifest, "name": as_name, "size": len(data),
-                                    "sha256": hashlib.sha256(data).hexdigest()}))
+        edited = SnapshotManifest.model_validate({**manifest, "name": as_name, "size": len(data),
+                                                  "sha256": hashlib.sha256(data).hexdigest()})
+        path.write_text(sign_manifest(edited, key).model_dump_json())
 
     shutil.copyfile(real, folder / "copy.bin")
     write_manifest(folder / "copy.json", "copy")
@@ -108,7 +111,7 @@ async def test_the_agent_refuses_to_read_through_links_and_for_that_reason_only(
     name = bed.fleet.results[PREFIX].snapshot
     real = (folder / f"{name}.bin").read_bytes()
     outside = tmp_path / "outside"
-    plant(folder, name, outside)
+    plant(folder, name, outside, manifest_key(bed.fleet.agent_token))
 
     assert (await bed.http.get(f"{url}/v1/snapshots/copy/file", headers=auth)).content == real
     restored = await bed.http.post(f"{url}/v1/snapshots/copy/restore", json={"slot": 0}, headers=auth)

@@ -89,6 +89,18 @@ annotations:
 {{- default (printf "%s-agent-token" (include "llamafleet.fullname" .)) .Values.agentToken.existingSecret }}
 {{- end }}
 
+{{/*
+The Secret the operator writes into each fleet namespace, holding that namespace's agent token (derived
+from the master above: llamafleet_core/agent_tokens.py). Fleet pods mount it; they never see the master.
+*/}}
+{{- define "llamafleet.fleetTokenSecret" -}}
+{{- printf "%s-fleet-agent-token" (include "llamafleet.fullname" .) }}
+{{- end }}
+
+{{- define "llamafleet.redisAuthSecret" -}}
+{{- default (printf "%s-redis-auth" (include "llamafleet.fullname" .)) .Values.redis.auth.existingSecret }}
+{{- end }}
+
 {{- define "llamafleet.apiKeysSecret" -}}
 {{- default (printf "%s-api-keys" (include "llamafleet.fullname" .)) .Values.gateway.apiKeys.existingSecret }}
 {{- end }}
@@ -99,12 +111,27 @@ annotations:
 {{- join "," (uniq $list) }}
 {{- end }}
 
-{{/* The Redis URL as an env var entry (name given): plain value, or from the user's Secret. */}}
+{{/*
+The Redis URL as env var entries (name given): plain value, or from the user's Secret. The bundled Redis's
+password comes from its Secret into LLAMAFLEET_REDIS_PASSWORD, and the URL refers to it as
+$(LLAMAFLEET_REDIS_PASSWORD): the kubelet expands it, so the password is in no ConfigMap, argument or
+pod spec. With TLS the URL is rediss:// and names the CA the container mounts (llamafleet.redisTlsMount).
+*/}}
 {{- define "llamafleet.redisEnv" -}}
+{{- $v := .ctx.Values.redis -}}
+{{- if and $v.enabled $v.auth.enabled -}}
+- name: LLAMAFLEET_REDIS_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "llamafleet.redisAuthSecret" .ctx }}
+      key: {{ $v.auth.existingSecretKey }}
+{{ end -}}
 - name: {{ .name }}
-{{- $v := .ctx.Values.redis }}
 {{- if $v.enabled }}
-  value: {{ printf "redis://%s.%s.svc:6379/0" (include "llamafleet.redisName" .ctx) .ctx.Release.Namespace | quote }}
+  {{- $auth := ternary ":$(LLAMAFLEET_REDIS_PASSWORD)@" "" $v.auth.enabled }}
+  {{- $scheme := ternary "rediss" "redis" $v.tls.enabled }}
+  {{- $query := ternary "?ssl_ca_certs=/var/run/secrets/llamafleet/redis-tls/ca.crt" "" $v.tls.enabled }}
+  value: {{ printf "%s://%s%s.%s.svc:6379/0%s" $scheme $auth (include "llamafleet.redisName" .ctx) .ctx.Release.Namespace $query | quote }}
 {{- else if $v.external.existingSecret }}
   valueFrom:
     secretKeyRef:
@@ -117,11 +144,42 @@ annotations:
 {{- end }}
 {{- end }}
 
+{{/* The bundled Redis's CA for clients, when it serves TLS: a volumeMount and a volume (pick one with "part"). */}}
+{{- define "llamafleet.redisTlsMount" -}}
+{{- $v := .ctx.Values.redis }}
+{{- if and $v.enabled $v.tls.enabled }}
+{{- if eq .part "mount" -}}
+- {name: redis-tls, mountPath: /var/run/secrets/llamafleet/redis-tls, readOnly: true}
+{{- else -}}
+- name: redis-tls
+  secret:
+    secretName: {{ $v.tls.existingSecret }}
+    items: [{key: ca.crt, path: ca.crt}]
+    defaultMode: 0440
+{{- end }}
+{{- end }}
+{{- end }}
+
 {{- define "llamafleet.podSecurityContext" -}}
 {{ toYaml .Values.podSecurityContext }}
 {{- end }}
 {{- define "llamafleet.containerSecurityContext" -}}
 {{ toYaml .Values.containerSecurityContext }}
+{{- end }}
+
+{{/*
+The operator's Secret rules: it writes each fleet namespace's agent-token Secret (reconcile/tokens.py), so
+`get` and `patch` on that one name only; `create` cannot be limited by name (the name is not in the request
+URL), and lets it read nothing.
+*/}}
+{{- define "llamafleet.operatorSecretRules" -}}
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["get", "patch"]
+  resourceNames: [{{ include "llamafleet.fleetTokenSecret" . | quote }}]
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["create"]
 {{- end }}
 
 {{/* The operator's namespaced rules (see operator/rbac.yaml for why each is needed). */}}

@@ -76,7 +76,7 @@ class Address:
             db = int(db_text or 0)
             port = parts.port or 6379
         except ValueError as exc:
-            raise ValueError(f"bad Redis URL {_redacted(url)!r}: {exc}") from None
+            raise ValueError(f"bad Redis URL {redacted_url(url)!r}: {exc}") from None
         username = unquote(parts.username) if parts.username else query.get("username")
         password = unquote(parts.password) if parts.password is not None else query.get("password")
         tls = _tls_context(query) if parts.scheme == "rediss" else None
@@ -99,7 +99,8 @@ def _tls_context(query: dict[str, str]) -> ssl.SSLContext:
     return ctx
 
 
-def _redacted(url: str) -> str:
+def redacted_url(url: str) -> str:
+    """`url` with its password (if any) replaced by `***`: for logs, reports and state files."""
     parts = urlsplit(url)
     if parts.password is None:
         return url

@@ -1,7 +1,14 @@
 """Prefix identity: render a request's prompt as llama-server would, chain its block hashes, cut its
 session prefix at a special-token boundary. Pure code: no I/O, no clients."""
 
-from llamafleet_core.prefix.hashing import BLOCK_CHARS, block_chain, common_blocks, extend_chain
+from llamafleet_core.prefix.hashing import (
+    BLOCK_CHARS,
+    block_chain,
+    common_blocks,
+    extend_chain,
+    namespaced_seed,
+    prefix_key_bytes,
+)
 from llamafleet_core.prefix.identity import (
     PromptIdentity,
     chat_identity,
@@ -30,6 +37,8 @@ __all__ = [
     "common_blocks",
     "completion_identity",
     "extend_chain",
+    "namespaced_seed",
+    "prefix_key_bytes",
     "render_chat",
     "special_token_start",
 ]

@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from llamafleet_core.prefix.hashing import BLOCK_CHARS, block_chain, extend_chain, prefix_tag
+from llamafleet_core.prefix.hashing import BLOCK_CHARS, block_chain, extend_chain, namespaced_seed, prefix_tag
 from llamafleet_core.prefix.substitute import substituted
 from llamafleet_core.prefix.template import ChatTemplate, PromptError, canonical_render, render_chat
 from llamafleet_core.types import PromptTags
@@ -154,7 +154,8 @@ def _session_cut(
 
 
 def _chain(
-    text: str, cut: int, basis: str, template: ChatTemplate | None, seed: str, block_chars: int
+    text: str, cut: int, basis: str, template: ChatTemplate | None, seed: str, block_chars: int,
+    key: bytes = b"",
 ) -> tuple[str, ...]:
     """`block_chain(text)`, reusing the chain of the session prefix's whole blocks when seen before.
 
@@ -164,18 +165,18 @@ def _chain(
     down to the few of its new question)."""
     n_full = cut // block_chars
     if template is None or n_full == 0:
-        return block_chain(text, seed=seed, block_chars=block_chars)
+        return block_chain(text, seed=seed, block_chars=block_chars, key=key)
     chains = template.cache.chains
-    key = (seed, block_chars, basis, n_full)
-    head = chains.get(key)
+    entry = (seed, key, block_chars, basis, n_full)
+    head = chains.get(entry)
     if head is None:
-        head = block_chain(text[: n_full * block_chars], seed=seed, block_chars=block_chars)
-        chains[key] = head
+        head = block_chain(text[: n_full * block_chars], seed=seed, block_chars=block_chars, key=key)
+        chains[entry] = head
         while len(chains) > _MAX_CHAINS:
             chains.popitem(last=False)
     else:
-        chains.move_to_end(key)
-    return extend_chain(head, text, seed=seed, block_chars=block_chars)
+        chains.move_to_end(entry)
+    return extend_chain(head, text, seed=seed, block_chars=block_chars, key=key)
 
 
 def chat_identity(
@@ -186,9 +187,13 @@ def chat_identity(
     block_chars: int = BLOCK_CHARS,
     markers: Sequence[str] | None = None,
     substitute: bool = True,
+    namespace: str = "",
+    key: bytes = b"",
 ) -> PromptIdentity:
     """Identity of a `/v1/chat/completions` body. Raises only `PromptError` (no usable `messages`).
-    `substitute=False` always renders the whole prompt (the reference the fast path is tested against)."""
+    `substitute=False` always renders the whole prompt (the reference the fast path is tested against).
+    `namespace` (a tenant group) and `key` (the fleet's hash key) change the hashes, never the text
+    (`hashing.py`)."""
     if not isinstance(body, Mapping):
         raise PromptError("the request body must be a JSON object")
     messages = body.get("messages")
@@ -211,13 +216,15 @@ def chat_identity(
                 template, body, messages, rendered.text, rendered.path, markers, first)[0])
         if block_chars <= 0:
             raise ValueError("block_chars must be positive")
-        blocks = _chain(rendered.text, cut, basis, template, model, block_chars)
+        seed = namespaced_seed(model, namespace)
+        blocks = _chain(rendered.text, cut, basis, template, seed, block_chars, key)
         head = conversation = None
         if first >= 0:
-            head = prefix_tag(blocks, rendered.text, shared, seed=model, block_chars=block_chars)
+            head = prefix_tag(blocks, rendered.text, shared, seed=seed, block_chars=block_chars, key=key)
             end = first_message_end(rendered.text, shared, markers) if rendered.path == "template" else 0
             if end:
-                conversation = prefix_tag(blocks, rendered.text, end, seed=model, block_chars=block_chars)
+                conversation = prefix_tag(blocks, rendered.text, end, seed=seed, block_chars=block_chars,
+                                          key=key)
     except (ValueError, TypeError, RecursionError) as exc:  # e.g. block_chars <= 0, unencodable seed
         raise PromptError(str(exc)) from exc
     return PromptIdentity(model, rendered.text, blocks, block_chars, cut, rendered.path, shared, head,
@@ -242,7 +249,8 @@ def first_message_end(text: str, start: int, markers: Sequence[str] | None = Non
 
 
 def completion_identity(
-    body: Mapping[str, Any], *, model: str, block_chars: int = BLOCK_CHARS
+    body: Mapping[str, Any], *, model: str, block_chars: int = BLOCK_CHARS, namespace: str = "",
+    key: bytes = b"",
 ) -> PromptIdentity:
     """Identity of a `/v1/completions` body: a string prompt as is, anything else canonically."""
     if not isinstance(body, Mapping) or "prompt" not in body:
@@ -254,7 +262,7 @@ def completion_identity(
         text = canonical_render(None, [{"role": "prompt", "content": prompt}], False)
         by = "fallback"
     try:
-        blocks = block_chain(text, seed=model, block_chars=block_chars)
+        blocks = block_chain(text, seed=namespaced_seed(model, namespace), block_chars=block_chars, key=key)
     except (ValueError, TypeError) as exc:
         raise PromptError(str(exc)) from exc
     rendered_by: RenderedBy = "raw" if by == "raw" else "fallback"

@@ -53,7 +53,7 @@ class TemplateCache:
         self._tools_by_json: OrderedDict[bytes, list[PrecomputedJson] | None] = OrderedDict()
         self._tool_digests: dict[int, tuple[list[PrecomputedJson], bytes]] = {}
         # Block chains of session prefixes, keyed by the render they were cut from (see identity.py).
-        self.chains: OrderedDict[tuple[str, int, str, int], tuple[str, ...]] = OrderedDict()
+        self.chains: OrderedDict[tuple[str, bytes, int, str, int], tuple[str, ...]] = OrderedDict()
         # Whether a shape's render copies the last question verbatim, by that render (see substitute.py).
         self.substitutions: dict[int, tuple[str, tuple[int, int] | None]] = {}
 

@@ -22,19 +22,26 @@ PodState = Literal["warm", "failed", "pending"]
 class WarmError(RuntimeError):
     """The prefix itself cannot be warmed anywhere (not one pod's trouble): e.g. the template failed.
 
-    The operator turns it into a Degraded condition with this message; pod failures never raise, they
-    are reported per pod in `WarmResult.pods`.
+    The operator turns it into a Degraded condition with this message and `reason` (a CamelCase word);
+    pod failures never raise, they are reported per pod in `WarmResult.pods`.
     """
+
+    def __init__(self, message: str, reason: str = "") -> None:
+        super().__init__(message)
+        self.reason = reason or ("TemplateRenderFailed" if message.startswith("template render failed")
+                                 else "WarmFailed")
 
 
 @dataclass(frozen=True)
 class WarmPod:
-    """One pod of a fleet: its identity (`uid` fences index entries) and its two endpoints."""
+    """One pod of a fleet: its identity (`uid` fences index entries) and its two endpoints, with
+    llama-server's own API key when the pod runs with one (`apiKeySecretRef`; never in the repr)."""
 
     name: str
     uid: str
     llama_url: str
     agent_url: str
+    llama_api_key: str | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)
@@ -82,6 +89,8 @@ class WarmResult:
 
     `snapshot` is empty when no pod could be seeded (then every pod is failed, with its reason).
     `model` is filled by `warm_shared_prefix` so that `remove_shared_prefix` can forget index entries.
+    `blocks`: the prefix's block chain under the warming's hash key, which the index records for every
+    copy (a manifest saved under an earlier key carries other hashes).
     """
 
     snapshot: str
@@ -91,6 +100,7 @@ class WarmResult:
     n_chars: int
     pods: list[PodWarmState]
     model: str = ""
+    blocks: tuple[str, ...] = ()
 
     @property
     def warm(self) -> int:

@@ -60,7 +60,7 @@ async def warm_pod(
 
     async def register(manifest_message: str, manifest: SnapshotManifest) -> PodWarmState:
         note = await steps.register(index, source.model, pod, manifest, n_chars=result.n_chars,
-                                    text_hash=result.text_hash)
+                                    text_hash=result.text_hash, blocks=result.blocks)
         message = f"{manifest_message}; {note}" if note else manifest_message
         return done("warm", message, manifest.n_tokens, manifest.size)
 

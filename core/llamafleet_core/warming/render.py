@@ -73,6 +73,10 @@ def snapshot_name(source: PrefixSource, text_hash: str) -> str:
     return f"sp-{slug}-{digest}"
 
 
-def prefix_blocks(source: PrefixSource, text: str, block_chars: int = BLOCK_CHARS) -> tuple[str, ...]:
-    """The block chain the router computes for any prompt starting with `text` (seeded by the model)."""
-    return block_chain(text, seed=source.model, block_chars=block_chars)
+def prefix_blocks(
+    source: PrefixSource, text: str, block_chars: int = BLOCK_CHARS, key: bytes = b""
+) -> tuple[str, ...]:
+    """The block chain the router computes for any prompt starting with `text` (seeded by the model;
+    `key`: the routers' `prefix_key`, as `prefix_key_bytes` makes it). A SharedPrefix is shared by every
+    tenant, so it is hashed in the namespace all keys share."""
+    return block_chain(text, seed=source.model, block_chars=block_chars, key=key)

@@ -31,7 +31,8 @@ class PodClients:
 
 
 def clients(pod: WarmPod, http: httpx.AsyncClient, agent_token: str) -> PodClients:
-    return PodClients(pod, LlamaClient(pod.llama_url, http), AgentClient(pod.agent_url, http, agent_token))
+    llama = LlamaClient(pod.llama_url, http, pod.llama_api_key)
+    return PodClients(pod, llama, AgentClient(pod.agent_url, http, agent_token))
 
 
 def describe(exc: Exception) -> str:
@@ -97,25 +98,27 @@ async def prefill_and_save(
 
 async def register(
     index: PrefixIndex | None, model: str, pod: WarmPod, manifest: SnapshotManifest, *,
-    n_chars: int, text_hash: str, slot: int | None = None,
+    n_chars: int, text_hash: str, slot: int | None = None, blocks: Sequence[str] = (),
 ) -> str:
     """Record the pod's snapshot (and the slot that holds it) in the index; returns a note or ''.
 
-    The blocks come from the manifest, which travels with the file: a pod warmed later registers the
-    same chain without rendering the prefix again.
+    The blocks are `blocks` (the chain under the current hash key) when given, else the manifest's,
+    which travel with the file: a pod warmed later registers the same chain without rendering the
+    prefix again.
     """
     if index is None:
         return ""
-    if not manifest.blocks:
+    chain = list(blocks) if blocks else manifest.blocks
+    if not chain:
         return "not indexed: the prefix is shorter than one block"
     ref = SnapshotRef(
-        name=manifest.name, pod_uid=pod.uid, n_blocks=len(manifest.blocks), n_tokens=manifest.n_tokens,
+        name=manifest.name, pod_uid=pod.uid, n_blocks=len(chain), n_tokens=manifest.n_tokens,
         size_bytes=manifest.size, n_chars=n_chars, text_hash=text_hash,
     )
     try:
-        await index.record_snapshot(model, ref, manifest.blocks)
+        await index.record_snapshot(model, ref, chain)
         if slot is not None:
-            await index.record_slot(model, SlotRef(pod.uid, slot), manifest.blocks, manifest.n_tokens)
+            await index.record_slot(model, SlotRef(pod.uid, slot), chain, manifest.n_tokens)
     except IndexUnavailable as exc:
         return f"not indexed: {exc}"
     return ""

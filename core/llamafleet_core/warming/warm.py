@@ -30,7 +30,7 @@ from llamafleet_core.prefix import BLOCK_CHARS, ChatTemplate
 from llamafleet_core.snapshot import SnapshotManifest
 from llamafleet_core.types import exact_text_hash
 from llamafleet_core.warming import steps
-from llamafleet_core.warming.model import PodWarmState, PrefixSource, WarmPod, WarmResult
+from llamafleet_core.warming.model import PodWarmState, PrefixSource, WarmError, WarmPod, WarmResult
 from llamafleet_core.warming.render import prefix_blocks, render_prefix, snapshot_name
 from llamafleet_core.warming.steps import PodClients
 
@@ -107,11 +107,16 @@ async def warm_shared_prefix(
     block_chars: int = BLOCK_CHARS,
     pin: bool = True,
     progress: Progress | None = None,
+    max_tokens: int | None = None,
+    prefix_key: bytes = b"",
 ) -> WarmResult:
     """Make every pod of `pods` hold a verified snapshot of the prefix; report per pod.
 
-    Raises only `WarmError` (the prefix cannot be rendered: a spec problem). Pod trouble of any kind
-    is a failed pod in the result, and never stops the others.
+    Raises only `WarmError`, for a spec problem: the prefix cannot be rendered, or it is `max_tokens`
+    tokens or more (a slot's context: no slot could hold it and still answer). Pod trouble of any kind
+    is a failed pod in the result, and never stops the others. No pod seeded: the result's `snapshot`
+    is empty, so nobody records or requires a snapshot that exists nowhere. `prefix_key`: the routers'
+    block-hash key (`prefix_key_bytes`), so the chain recorded is the one they look up.
     """
     track = _Tracker(pods, progress)
     pcs = [steps.clients(p, http, agent_token) for p in pods]
@@ -122,12 +127,12 @@ async def warm_shared_prefix(
         return WarmResult("", 0, "", 0, 0, track.states, source.model)
     text_hash = exact_text_hash(text)
     name = snapshot_name(source, text_hash)
-    blocks = prefix_blocks(source, text, block_chars)
-    result = WarmResult(name, 0, text_hash, 0, len(text), track.states, source.model)
+    blocks = prefix_blocks(source, text, block_chars, prefix_key)
+    result = WarmResult(name, 0, text_hash, 0, len(text), track.states, source.model, blocks)
 
     async def record(i: int, manifest: SnapshotManifest, slot: int | None = None) -> str:
         return await steps.register(index, source.model, pods[i], manifest, n_chars=len(text),
-                                    text_hash=text_hash, slot=slot)
+                                    text_hash=text_hash, slot=slot, blocks=blocks)
 
     holdings = await asyncio.gather(*(_holding(pc, name) for pc in pcs))
     seed: SnapshotManifest | None = None
@@ -146,6 +151,10 @@ async def warm_shared_prefix(
             track.start(i, "tokenizing the prefix")
             try:
                 tokens = await pc.llama.tokenize(text, add_special=True)
+                if max_tokens is not None and len(tokens) >= max_tokens:
+                    raise WarmError(f"the prefix is {len(tokens)} tokens, and a slot holds {max_tokens}: "
+                                    "no pod can build it (shorten it, or raise contextPerSlot)",
+                                    reason="PrefixTooLong")
                 track.step(i, f"prefilling {len(tokens)} tokens")
                 manifest, slot = await steps.prefill_and_save(
                     pc, name, tokens, blocks=blocks, block_chars=block_chars, pin=pin,
@@ -158,6 +167,7 @@ async def warm_shared_prefix(
             seed, seed_pod = manifest, pods[i]
             break
     if seed is None or seed_pod is None:
+        result.snapshot = ""
         return result
     result.tokens, result.bytes = seed.n_tokens, seed.size
     origin = seed_pod

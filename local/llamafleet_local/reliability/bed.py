@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 import httpx
 
 from llamafleet_core.index.base import IndexUnavailable
-from llamafleet_core.prefix import ChatTemplate, chat_identity
+from llamafleet_core.prefix import ChatTemplate, chat_identity, prefix_key_bytes
 from llamafleet_core.types import SlotRef
 from llamafleet_local.reliability.client import QUESTIONS, chat_body
 from llamafleet_local.reliability.outcome import SUCCEEDED, ScenarioResult, Sent, agreement, parse_json
@@ -43,15 +43,19 @@ SYSTEM = " ".join(
 
 
 def fleet_documents(binary: Path | None, *, replicas: int = 2, slots: int = 2,
-                    model: str = "tiny-dense") -> list[dict[str, Any]]:
+                    model: str = "tiny-dense", pod_api_key: bool = False) -> list[dict[str, Any]]:
+    """`pod_api_key`: the fleet sets `apiKeySecretRef`, so its llama-servers run with `--api-key`."""
     local: dict[str, Any] = {"model": model, "threads": 1}
     if binary is not None:
         local["llamaServer"] = str(binary)
+    spec: dict[str, Any] = {
+        "model": {"name": model, "file": f"{model}.gguf", "source": {"hostPath": "/models"}},
+        "image": "local", "replicas": replicas, "slots": slots, "contextPerSlot": 4096}
+    if pod_api_key:
+        spec["apiKeySecretRef"] = {"name": "pod-api-key", "key": "api-key"}
     fleet = {
         "apiVersion": "llamafleet.io/v1alpha1", "kind": "LlamaFleet", "metadata": {"name": FLEET},
-        "spec": {"model": {"name": model, "file": f"{model}.gguf", "source": {"hostPath": "/models"}},
-                 "image": "local", "replicas": replicas, "slots": slots, "contextPerSlot": 4096},
-        "local": local,
+        "spec": spec, "local": local,
     }
     prefix = {
         "apiVersion": "llamafleet.io/v1alpha1", "kind": "SharedPrefix", "metadata": {"name": PREFIX},
@@ -115,7 +119,8 @@ class Bed:
     async def chains(self, bodies: Sequence[dict[str, Any]]) -> list[tuple[str, ...]]:
         props = (await self.http.get(self.pod(0).layout.llama_url + "/props")).json()
         template = ChatTemplate.from_props(props)
-        return [tuple(chat_identity(b, template, model=self.model).blocks) for b in bodies]
+        key = prefix_key_bytes(self.fleet.prefix_key)  # the gateway's hash key
+        return [tuple(chat_identity(b, template, model=self.model, key=key).blocks) for b in bodies]
 
     async def pod_ready(self, i: int) -> bool:
         """Whether the gateway's discovery routes to pod `i` now."""
@@ -181,7 +186,8 @@ async def running_fleet(binary: Path | None, run_dir: Path, *, snapshots: bool =
     async with fleet, httpx.AsyncClient(timeout=httpx.Timeout(60.0)) as http:
         await fleet.wait_ready(ready_timeout)
         if snapshots:
-            fleet.app.state.gateway.enable_snapshots(SnapshotConfig(token=fleet.agent_token))
+            fleet.app.state.gateway.enable_snapshots(SnapshotConfig(token=fleet.agent_token,
+                                                                    pod_api_key=fleet.pod_api_key))
         stop = asyncio.Event()
         keeper = asyncio.create_task(fleet.run_until(stop), name="supervise")
         try:

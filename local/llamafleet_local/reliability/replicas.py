@@ -41,6 +41,8 @@ def start_replica(
     pods = ",".join(f"{p.layout.llama_url}|{p.layout.agent_url}" for p in fleet.pods)
     env = {**os.environ, "LLAMAFLEET_ROUTER_AGENT_TOKEN_FILE": str(fleet.token_file),
            "LLAMAFLEET_ROUTER_POLL_INTERVAL": "0.5", "LLAMAFLEET_ROUTER_INDEX_PING_INTERVAL": "0.5",
+           **({"LLAMAFLEET_ROUTER_POD_API_KEY_FILE": str(fleet.pod_api_key_file)}
+              if fleet.pod_api_key_file is not None else {}),
            **(env or {})}
     argv = [*ROUTER, "--pods", pods, "--redis", fleet.index.redis_url, "--host", "127.0.0.1",
             "--port", str(port), "--model-name", fleet.model]

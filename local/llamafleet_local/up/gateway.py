@@ -28,6 +28,7 @@ from llamafleet_router.discovery.base import Discovery, FenceHook
 from llamafleet_router.discovery.static import StaticDiscovery
 from llamafleet_router.logs import JsonFormatter
 from llamafleet_router.settings import RouterSettings
+from llamafleet_router.transport import HeadBounds, bounded_protocol
 
 _LOGGERS = ("llamafleet_router", "uvicorn", "uvicorn.error", "uvicorn.access")
 CONNECTIONS_GRACE_S = 1  # uvicorn takes whole seconds
@@ -84,22 +85,28 @@ def detach_log(handler: logging.Handler) -> None:
 
 def build_app(pods: Sequence[tuple[str, str]], index: Index, readiness: Readiness, *, model_name: str,
               agent_token: str, poll_interval: float = 0.5, attach: bool = False,
-              min_batch_tokens: int | None = None) -> Starlette:
+              min_batch_tokens: int | None = None, pod_api_key: str | None = None,
+              prefix_key: str = "") -> Starlette:
     """The router app over `(llama_url, agent_url)` pods, exactly as `llamafleet router` builds it,
     with the agents' token, so restore-on-miss and first-sight snapshots are on. `attach`: the pods run
     llama-server with --slot-attach (static pods say so with a third field). `min_batch_tokens`: the
-    prefill cost model's small-batch cliff for the pods' build (None: the pipeline's default)."""
+    prefill cost model's small-batch cliff for the pods' build (None: the pipeline's default).
+    `prefix_key`: the index's hash key, which warming uses too (`state.prefix_key`). A local fleet has
+    one user, on 127.0.0.1 and without API keys: the routing headers are on for it."""
     flag = "|attach" if attach else ""
     settings = RouterSettings(
         pods=[f"{url}|{agent}{flag}" for url, agent in pods], redis_url=index.redis_url,
         index="redis" if index.redis_url else "memory", poll_interval=poll_interval, model_name=model_name,
         agent_token=SecretStr(agent_token), min_batch_tokens=min_batch_tokens,
+        pod_api_key=SecretStr(pod_api_key) if pod_api_key else None,
+        prefix_key=SecretStr(prefix_key) if prefix_key else None, expose_routing_headers=True,
     )
 
     def discovery(http: httpx.AsyncClient, fence: FenceHook) -> Discovery:
         # startup_timeout 0: pods start after the gateway (so /health says 503 meanwhile); no waiting.
         return StaticDiscovery(settings.pod_specs, http, poll_interval=poll_interval,
-                               model_name=model_name, fence=fence, startup_timeout=0.1)
+                               model_name=model_name, fence=fence, startup_timeout=0.1,
+                               api_key=pod_api_key)
 
     return create_app(settings, index=index.index, leases=index.leases, discovery=discovery,
                       readiness=readiness)
@@ -135,6 +142,8 @@ def serve(
     connections get `CONNECTIONS_GRACE_S`, and the whole shutdown `SHUTDOWN_S`, after which uvicorn is
     forced out. The app's lifespan shutdown alone may otherwise take 10 s and more: it drains the
     gateway's background tasks (restores, copies, primes), which after a pod restart may be waiting on
-    that pod. What it leaves running is cancelled when `up`'s event loop closes (`cli.run_bounded`)."""
+    that pod. What it leaves running is cancelled when `up`'s event loop closes (`cli.run_bounded`).
+    Request heads are bounded as by `llamafleet router` (the router settings' header size and time)."""
     return inprocess.serve(app, startup_timeout=startup_timeout, sock=sock, server_cls=_QuietServer,
-                           graceful_shutdown=CONNECTIONS_GRACE_S, shutdown_timeout=SHUTDOWN_S)
+                           graceful_shutdown=CONNECTIONS_GRACE_S, shutdown_timeout=SHUTDOWN_S,
+                           http=bounded_protocol(HeadBounds.from_settings(RouterSettings())))

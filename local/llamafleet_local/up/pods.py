@@ -22,6 +22,7 @@ from llamafleet_core import podspec
 from llamafleet_core.agent_client import AgentClient
 from llamafleet_core.crd.fleet import LlamaFleetSpec
 from llamafleet_core.features import ServerFeatures
+from llamafleet_core.networks import LOOPBACK_NETWORKS
 from llamafleet_local.redis_server import free_port
 from llamafleet_local.up.procs import Child
 from llamafleet_local.up.state import pod_snapshot_dir
@@ -64,24 +65,28 @@ def attach(spec: LlamaFleetSpec, features: ServerFeatures | None) -> bool:
 
 
 def server_argv(binary: Path, spec: LlamaFleetSpec, pod: PodLayout, model: Path,
-                features: ServerFeatures | None = None) -> list[str]:
+                features: ServerFeatures | None = None, api_key_file: Path | None = None) -> list[str]:
     """llama-server's full argv (pure): the binary, then exactly `podspec.llama_server_args`, with the
-    patched flags the binary is known to accept (`features`, from its `--help`) as the operator would."""
+    patched flags the binary is known to accept (`features`, from its `--help`) as the operator would.
+    `api_key_file`: the key a fleet with `apiKeySecretRef` runs its servers with (`up` makes one)."""
     known = features if features is not None else ServerFeatures()
     cache_prefix = podspec.cache_prefix_enabled(spec, supported=known.cache_prefix)
     return [str(binary), *podspec.llama_server_args(
         spec, model_path=str(model), port=pod.server_port, slot_save_path=str(pod.snapshot_dir), host=HOST,
         attach=attach(spec, features), cache_prefix=cache_prefix,
+        api_key_file=str(api_key_file) if api_key_file is not None else None,
     )]
 
 
 def agent_args(spec: LlamaFleetSpec, pod: PodLayout, model: Path, fleet: str, token_file: Path,
-               features: ServerFeatures | None = None) -> list[str]:
-    """The agent's arguments after `llamafleet agent` (pure): exactly `podspec.agent_args`."""
+               features: ServerFeatures | None = None, api_key_file: Path | None = None) -> list[str]:
+    """The agent's arguments after `llamafleet agent` (pure): exactly `podspec.agent_args`. Its peers
+    are on loopback here, so that is where its pulls may go."""
     return podspec.agent_args(
         spec, port=pod.agent_port, server_url=pod.llama_url, snapshot_dir=str(pod.snapshot_dir),
         model_path=str(model), host=HOST, fleet=fleet, token_file=str(token_file),
-        attach=attach(spec, features),
+        attach=attach(spec, features), peer_networks=LOOPBACK_NETWORKS,
+        llama_api_key_file=str(api_key_file) if api_key_file is not None else None,
     )
 
 
@@ -105,10 +110,11 @@ class LocalPod:
 
     @classmethod
     def build(cls, pod: PodLayout, *, binary: Path, spec: LlamaFleetSpec, model: Path, fleet: str,
-              token_file: Path, features: ServerFeatures | None = None) -> LocalPod:
-        server = Child(f"{pod.name} llama-server", server_argv(binary, spec, pod, model, features),
-                       pod.log_dir / f"{pod.name}.llama-server.log")
-        args = agent_args(spec, pod, model, fleet, token_file, features)
+              token_file: Path, features: ServerFeatures | None = None,
+              api_key_file: Path | None = None) -> LocalPod:
+        argv = server_argv(binary, spec, pod, model, features, api_key_file)
+        server = Child(f"{pod.name} llama-server", argv, pod.log_dir / f"{pod.name}.llama-server.log")
+        args = agent_args(spec, pod, model, fleet, token_file, features, api_key_file)
         agent = Child(f"{pod.name} agent", [*AGENT_COMMAND, *args], pod.log_dir / f"{pod.name}.agent.log",
                       env={"LLAMAFLEET_AGENT_POD_NAME": pod.name})
         return cls(pod, server, agent)

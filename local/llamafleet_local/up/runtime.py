@@ -28,6 +28,7 @@ from typing import Any
 import httpx
 
 from llamafleet_core.agent_client import AgentClient
+from llamafleet_core.index.resp import redacted_url
 from llamafleet_core.warming import PrefixSource, WarmPod
 from llamafleet_local.redis_server import RedisServer
 from llamafleet_local.up import gateway as gw
@@ -39,7 +40,7 @@ from llamafleet_local.up.procs import dying_with_parent
 from llamafleet_local.up.progress import FleetProgress, PrefixProgress, Reporter
 from llamafleet_local.up.resolve import Resolved, resolve
 from llamafleet_local.up.shutdown import Step, run_steps
-from llamafleet_local.up.state import StateLock, open_state
+from llamafleet_local.up.state import StateLock, open_state, prefix_key
 from llamafleet_local.up.supervise import missing_prefixes, require_all, supervise, warm_prefix
 
 EMBEDDED = "embedded"
@@ -79,6 +80,10 @@ class LocalFleet:
         self.sources: dict[str, PrefixSource] = {}
         self.gateway_url = ""
         self.agent_token = secrets.token_urlsafe(32)
+        # A fleet with `apiKeySecretRef` runs its llama-servers with a key: here `up` makes one, and
+        # gives it to everything that calls them (agents, gateway, warming), as the operator does.
+        self.pod_api_key = (secrets.token_urlsafe(32) if config.fleet.spec.api_key_secret_ref is not None
+                            else None)
         self.redis: RedisServer | None = None
         self.index: gw.Index | None = None
         self.http = httpx.AsyncClient(timeout=httpx.Timeout(30.0, read=None))
@@ -88,6 +93,7 @@ class LocalFleet:
         self._log_handler: Any = None
         self.resolved: Resolved | None = None
         self.state_dir: Path | None = None  # known once the model is (its digest names the folder)
+        self.prefix_key = ""  # read from the state folder (state.prefix_key)
         self._state_lock: StateLock | None = None
 
     # --- lifecycle -------------------------------------------------------------------------------
@@ -108,6 +114,10 @@ class LocalFleet:
     def token_file(self) -> Path:
         return self.run_dir / "agent-token"
 
+    @property
+    def pod_api_key_file(self) -> Path | None:
+        return self.run_dir / "pod-api-key" if self.pod_api_key is not None else None
+
     async def start(self) -> None:
         """Start everything and warm every prefix; on any failure, stop what was started and raise."""
         try:
@@ -119,9 +129,13 @@ class LocalFleet:
     async def _start(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         # The token goes to the agents by file (0600), never on a command line or the terminal.
-        fd = os.open(self.token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as out:
-            out.write(self.agent_token)
+        secret_files = [(self.token_file, self.agent_token)]
+        if self.pod_api_key_file is not None and self.pod_api_key is not None:
+            secret_files.append((self.pod_api_key_file, self.pod_api_key))
+        for path, secret in secret_files:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as out:
+                out.write(secret)
         self.reporter.say(f"run folder {self.run_dir}")
         self.resolved = await asyncio.to_thread(resolve, self.config, self.reporter.say)
         res = self.resolved
@@ -130,6 +144,7 @@ class LocalFleet:
                                             state_dir=opts.state_dir, keep=opts.keep_snapshots,
                                             digest=res.spec.model.sha256)
         self.state_dir = self._state_lock.state_dir
+        self.prefix_key = prefix_key(self.state_dir)  # the gateway's and warming's block-hash key
         if self.state_dir != self.run_dir:
             self.reporter.say(f"state folder {self.state_dir} (the pods' snapshots, kept from run to run)")
         # Ports are chosen before the gateway starts, so that it can be told its pods.
@@ -137,7 +152,8 @@ class LocalFleet:
                    for i in range(self.config.fleet.spec.replicas)]
         self.pods = [
             LocalPod.build(lay, binary=res.binary, spec=res.spec, model=res.model, fleet=self.config.name,
-                           token_file=self.token_file, features=res.features)
+                           token_file=self.token_file, features=res.features,
+                           api_key_file=self.pod_api_key_file)
             for lay in layouts
         ]
         await self._start_index()
@@ -164,7 +180,7 @@ class LocalFleet:
         else:
             url = choice
         self.index = gw.open_index(url)
-        self.reporter.say(f"index: {url or 'in memory'}")
+        self.reporter.say(f"index: {redacted_url(url) if url else 'in memory'}")  # never a password
 
     async def _start_gateway(self) -> None:
         assert self.index is not None
@@ -174,7 +190,8 @@ class LocalFleet:
         attach = self.resolved is not None and pod_attach(self.resolved.spec, self.resolved.features)
         min_batch = self.resolved.min_batch_tokens if self.resolved is not None else None
         self.app = gw.build_app(pods, self.index, self.readiness, model_name=self.model,
-                                agent_token=self.agent_token, attach=attach, min_batch_tokens=min_batch)
+                                agent_token=self.agent_token, attach=attach, min_batch_tokens=min_batch,
+                                pod_api_key=self.pod_api_key, prefix_key=self.prefix_key)
         self.gateway_url = await self._stack.enter_async_context(gw.serve(self.app, sock))
         self.reporter.say(f"gateway {self.gateway_url} (503 on /health until every pod is up and warm)")
 
@@ -263,7 +280,7 @@ class LocalFleet:
 
     def warm_pods(self) -> list[WarmPod]:
         # uid = the llama-server URL: the identity the gateway's static discovery gives each pod.
-        return [WarmPod(p.name, p.layout.llama_url, p.layout.llama_url, p.layout.agent_url)
+        return [WarmPod(p.name, p.layout.llama_url, p.layout.llama_url, p.layout.agent_url, self.pod_api_key)
                 for p in self.pods]
 
     def missing_on(self, pod: LocalPod) -> list[str]:
@@ -289,7 +306,7 @@ class LocalFleet:
             "pid": os.getpid(),
             "gateway": self.gateway_url,
             "state_dir": str(self.state_dir) if self.state_dir else None,
-            "index": self.index.redis_url if self.index else None,
+            "index": redacted_url(self.index.redis_url) if self.index and self.index.redis_url else None,
             "model": str(self.resolved.model) if self.resolved else None,
             "redis": {"pid": self.redis.proc.pid if self.redis and self.redis.proc else None},
             "processes": [{"name": c.name, "pid": c.pid, "argv": c.argv, "log": str(c.log)}

@@ -13,6 +13,8 @@ anyway, and a fleet switched back to an earlier model finds its snapshots again.
 
     <state>/snapshots/<pod>/   each pod's --slot-save-path and agent folder (pod names are stable)
     <state>/lock               held (flock) by the one `up` using the folder; it names that process
+    <state>/prefix-key         the index's block-hash key (0600): kept, like the snapshots whose
+                               block chains it made, so a later run's resync still finds them
 
 Two runs in one folder would overwrite each other's files and evict each other's snapshots, so the
 second one is refused (`StateLocked`) while the first holds the lock. The kernel drops an flock when
@@ -26,6 +28,7 @@ import fcntl
 import hashlib
 import os
 import re
+import secrets
 from pathlib import Path
 
 from llamafleet_agent.files import model_digest
@@ -33,7 +36,21 @@ from llamafleet_local.cache import cache_root
 
 DIGEST_CHARS = 16
 LOCK_FILE = "lock"
+PREFIX_KEY_FILE = "prefix-key"
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+
+
+def prefix_key(state_dir: Path) -> str:
+    """The fleet's prefix hash key from `<state>/prefix-key`, made (random, 0600) the first time."""
+    path = state_dir / PREFIX_KEY_FILE
+    with contextlib.suppress(FileNotFoundError):
+        if key := path.read_text().strip():
+            return key
+    key = secrets.token_urlsafe(32)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(key)
+    return key
 
 
 class StateLocked(RuntimeError):

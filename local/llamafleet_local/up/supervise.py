@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from llamafleet_core.prefix import prefix_key_bytes
 from llamafleet_core.warming import PodWarmState, PrefixSource, WarmError, warm_pod, warm_shared_prefix
 from llamafleet_local.up.procs import ChildFailed, log_tail
 from llamafleet_local.up.progress import PrefixProgress
@@ -209,7 +210,8 @@ async def warm_prefix(fleet: LocalFleet, name: str, source: PrefixSource, *, pin
     try:
         result = await warm_shared_prefix(
             source, fleet.warm_pods(), http=fleet.http, agent_token=fleet.agent_token,
-            index=fleet.index.index, pin=pin, progress=_on_state(fleet, track))
+            index=fleet.index.index, pin=pin, progress=_on_state(fleet, track),
+            prefix_key=prefix_key_bytes(fleet.prefix_key))
     except WarmError as exc:
         track.error = str(exc)
         track.finished = time.monotonic()

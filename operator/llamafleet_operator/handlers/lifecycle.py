@@ -37,6 +37,8 @@ async def startup_fn(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: k
         http=httpx.AsyncClient(timeout=ours.http_timeout_s),
         settings=ours,
         agent_token=ours.resolved_agent_token(),
+        pod_api_key=ours.resolved_pod_api_key(),
+        prefix_key=ours.resolved_prefix_key(),
         redis=redis,
         index=index,
     )

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -10,9 +12,11 @@ import httpx
 import redis.asyncio as aioredis
 from pydantic import ValidationError
 
+from llamafleet_core.agent_tokens import namespace_token
 from llamafleet_core.index.base import PrefixIndex
 from llamafleet_core.warming import WarmResult
 from llamafleet_operator.kube import Kube
+from llamafleet_operator.reconcile.retry import Backoff
 from llamafleet_operator.settings import OperatorSettings
 
 
@@ -27,6 +31,10 @@ class Log(Protocol):
 
 class InvalidSpec(ValueError):
     """The resource's spec cannot be reconciled as written; the message names the field."""
+
+
+class Forbidden(InvalidSpec):
+    """The spec asks for what the admission policy refuses (admission.py); the message names the fields."""
 
 
 def describe_validation(exc: ValidationError, root: str = "spec") -> str:
@@ -46,13 +54,25 @@ class Context:
     http: httpx.AsyncClient
     settings: OperatorSettings
     agent_token: str = ""
+    pod_api_key: str | None = None
+    """llama-server's own API key (settings' `pod_api_key_file`), for warming's calls to the servers."""
+    prefix_key: bytes = b""
+    """The routers' prefix hash key (settings' `resolved_prefix_key`): warming records their hashes."""
     redis: aioredis.Redis | None = None
     index: PrefixIndex | None = None
     warm_results: dict[str, tuple[int | None, WarmResult]] = field(default_factory=dict)
     """SharedPrefix uid -> (generation, last result): lets a timer tick warm only the pods that are new.
     Lost on restart on purpose: the first tick after a restart re-checks every pod (cheap, idempotent)."""
 
+    seed_retries: dict[str, Backoff] = field(default_factory=dict)
+    """SharedPrefix uid -> failed builds in a row and when the next may run (retry.py)."""
+    clock: Callable[[], float] = time.monotonic
+
     locks: dict[str, asyncio.Lock] = field(default_factory=dict)
+
+    def agent_token_for(self, namespace: str) -> str:
+        """The token the agents of `namespace` accept: derived from the master (agent_tokens.py)."""
+        return namespace_token(self.agent_token, namespace) if self.agent_token and namespace else ""
 
     def lock(self, key: str) -> asyncio.Lock:
         return self.locks.setdefault(key, asyncio.Lock())

@@ -78,7 +78,7 @@ async def detect(ctx: Context, spec: LlamaFleetSpec, pods: Sequence[P.Pod],
                  logger: Log) -> ImageFeatures | None:
     """Ask up to MAX_ASKED pods of the current image; the first answer wins. None when none answered."""
     for pod in candidates(pods, spec.image)[:MAX_ASKED]:
-        agent = AgentClient(P.warm_pod(pod).agent_url, ctx.http, ctx.agent_token)
+        agent = AgentClient(P.warm_pod(pod).agent_url, ctx.http, ctx.agent_token_for(P.namespace(pod)))
         try:
             info = await agent.info()
         except AgentError as exc:

@@ -19,8 +19,10 @@ from llamafleet_core import membership, podspec
 from llamafleet_core.crd.models import ImageFeatures, LlamaFleet
 from llamafleet_operator.reconcile import features as F
 from llamafleet_operator.reconcile import pods as P
-from llamafleet_operator.reconcile.context import Context, InvalidSpec, Log, describe_validation
+from llamafleet_operator.reconcile.admission import violations
+from llamafleet_operator.reconcile.context import Context, Forbidden, InvalidSpec, Log, describe_validation
 from llamafleet_operator.reconcile.readiness import declare_required, fleet_prefixes
+from llamafleet_operator.reconcile.tokens import ensure_agent_token
 from llamafleet_operator.render import Target, render_all
 from llamafleet_operator.status import condition, merge
 
@@ -82,9 +84,9 @@ def fleet_status(fleet: LlamaFleet, pods: list[P.Pod], previous: Mapping[str, An
 
 
 def invalid_status(message: str, generation: int | None,
-                   previous: Mapping[str, Any] | None) -> dict[str, Any]:
-    conds = [condition("Ready", False, "InvalidSpec", message),
-             condition("Degraded", True, "InvalidSpec", message)]
+                   previous: Mapping[str, Any] | None, reason: str = "InvalidSpec") -> dict[str, Any]:
+    conds = [condition("Ready", False, reason, message),
+             condition("Degraded", True, reason, message)]
     return {"phase": "Failed", "observedGeneration": generation,
             "conditions": merge((previous or {}).get("conditions"), conds, generation=generation)}
 
@@ -101,6 +103,15 @@ async def reconcile_fleet(ctx: Context, body: Mapping[str, Any],
         await ctx.kube.patch_status(API, "LlamaFleet", namespace, name,
                                     invalid_status(str(exc), meta.get("generation"), previous))
         raise
+    problems = violations(fleet.spec, ctx.settings.admission_policy())
+    if problems:
+        # Nothing is applied: the operator would create these pods with its own rights. Children of an
+        # earlier, admitted spec stay as they are until the spec is fixed.
+        message = "; ".join(problems)
+        await ctx.kube.patch_status(API, "LlamaFleet", namespace, name,
+                                    invalid_status(message, meta.get("generation"), previous, "Forbidden"))
+        raise Forbidden(message)
+    await ensure_agent_token(ctx, namespace, logger)
     features = F.recorded(fleet.spec, previous.get("imageFeatures"))
     await _apply_children(ctx, fleet, namespace, features, logger)
 
@@ -134,7 +145,7 @@ async def _apply_children(ctx: Context, fleet: LlamaFleet, namespace: str, featu
     target = Target.of(
         fleet, namespace=namespace, agent_token_secret=ctx.settings.agent_token_secret,
         gateway_namespace=ctx.settings.gateway_namespace, operator_namespace=ctx.settings.operator_namespace,
-        **F.support(features),
+        agent_peer_networks=tuple(ctx.settings.agent_peer_networks), **F.support(features),
     )
     for manifest in render_all(fleet, target):
         await _apply(ctx, manifest, logger)

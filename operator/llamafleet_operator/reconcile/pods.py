@@ -20,6 +20,10 @@ def name(pod: Pod) -> str:
     return str(pod["metadata"]["name"])
 
 
+def namespace(pod: Pod) -> str:
+    return str(pod["metadata"].get("namespace") or "")
+
+
 def deleting(pod: Pod) -> bool:
     return bool(pod["metadata"].get("deletionTimestamp"))
 
@@ -55,11 +59,12 @@ def epoch_ms(pod: Pod) -> int:
     return int(datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp() * 1000)
 
 
-def warm_pod(pod: Pod) -> WarmPod:
+def warm_pod(pod: Pod, api_key: str | None = None) -> WarmPod:
+    """The pod as warming sees it; `api_key`: its llama-server's own key (`Context.pod_api_key`)."""
     server, agent = ports(pod)
     ip = pod["status"]["podIP"]
     return WarmPod(name=name(pod), uid=str(pod["metadata"]["uid"]), llama_url=f"http://{ip}:{server}",
-                   agent_url=f"http://{ip}:{agent}")
+                   agent_url=f"http://{ip}:{agent}", llama_api_key=api_key)
 
 
 def attach(pod: Pod) -> bool:

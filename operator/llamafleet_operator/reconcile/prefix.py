@@ -7,6 +7,11 @@ restarted ones). A changed prefix is a new snapshot (its name carries the text h
 shipped first and declared required, and only then is the old one removed, so no pod is ever without a
 warm prefix. Deletion goes through a finalizer, because snapshots on pods and index entries in Redis are
 state the garbage collector cannot see.
+
+A prefix that no pod could build (longer than a slot's context, every slot busy, a pod restarting) fails
+in its own status (Degraded `SeedFailed`, or Failed with the spec problem's reason such as
+`PrefixTooLong`), is never required of any pod (readiness.py), and is built again with backoff
+(retry.py), also when every pod that held it has gone.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from llamafleet_operator.reconcile import pods as P
 from llamafleet_operator.reconcile.context import Context, InvalidSpec, Log, describe_validation
 from llamafleet_operator.reconcile.prefix_status import error_status, prefix_status
 from llamafleet_operator.reconcile.readiness import declare_required, fleet_prefixes, snapshot_of
+from llamafleet_operator.reconcile.retry import backoff_for
 
 API = L.API_VERSION
 
@@ -72,22 +78,37 @@ async def reconcile_prefix(ctx: Context, body: Mapping[str, Any], logger: Log) -
             "FleetNotFound", f"spec.fleetRef.name: no LlamaFleet {fleet_name!r} in {namespace}", generation,
             previous, phase="Pending"))
         return
-    model = str(((fleet.get("spec") or {}).get("model") or {}).get("name") or "")
+    fleet_spec = dict(fleet.get("spec") or {})
+    model = str((fleet_spec.get("model") or {}).get("name") or "")
     pods = await _fleet_pods(ctx, namespace, fleet_name)
     if not pods:
         await _write(ctx, body, error_status("NoRunningPods", f"fleet {fleet_name} has no running pods",
                                              generation, previous, phase="Pending", degraded=False))
         return
     source = PrefixSource.from_spec(name, sp.spec, model)
-    targets = [P.warm_pod(p) for p in pods]
+    targets = [P.warm_pod(p, ctx.pod_api_key) for p in pods]
+    retry = backoff_for(ctx.seed_retries, uid, generation, initial_s=ctx.settings.prefix_retry_initial_s,
+                        max_s=ctx.settings.prefix_retry_max_s)
+    now = ctx.clock()
+    if _must_seed(ctx, uid, generation, targets) and not retry.due(now):
+        return  # the last attempt's status says why it failed and when the next one runs
+    context = int(fleet_spec.get("contextPerSlot") or 0) or None
     try:
-        result = await _warm(ctx, uid, generation, source, targets, sp.spec.pin, logger)
+        result = await _warm(ctx, uid, generation, source, targets, sp.spec.pin, logger, namespace=namespace,
+                             max_tokens=context)
     except WarmError as exc:
-        reason = "TemplateRenderFailed" if "template render failed" in str(exc) else "WarmFailed"
-        logger.error(f"cannot warm: {exc}")
-        await _write(ctx, body, error_status(reason, str(exc), generation, previous, phase="Degraded"))
+        note = retry.note(retry.failed(now))
+        logger.error(f"cannot warm: {exc}; {note}")
+        await _write(ctx, body, error_status(exc.reason, f"{exc}; {note}", generation, previous,
+                                             phase="Failed"))
         return
-    status = prefix_status(result, generation, previous)
+    if result.snapshot:
+        retry.succeeded()
+        status = prefix_status(result, generation, previous)
+    else:
+        note = retry.note(retry.failed(now))
+        logger.warning(f"no pod could build the prefix; {note}")
+        status = prefix_status(result, generation, previous, note=note)
     await _write(ctx, body, status)
 
     old = snapshot_of(name, previous.get("hash"))
@@ -95,22 +116,35 @@ async def reconcile_prefix(ctx: Context, body: Mapping[str, Any], logger: Log) -
     await declare_required(ctx, pods, prefixes, logger)
     if old and result.snapshot and old != result.snapshot:
         # The new snapshot is shipped and required; the old one can go.
-        await remove_shared_prefix(old, targets, http=ctx.http, agent_token=ctx.agent_token,
+        await remove_shared_prefix(old, targets, http=ctx.http, agent_token=ctx.agent_token_for(namespace),
                                    index=ctx.index, model=model)
         logger.info(f"removed the previous snapshot {old}")
 
 
-async def _warm(ctx: Context, uid: str, generation: int | None, source: PrefixSource,
-                targets: list[WarmPod], pin: bool, logger: Log) -> WarmResult:
-    names = {t.name for t in targets}
+def _must_seed(ctx: Context, uid: str, generation: int | None, targets: list[WarmPod]) -> bool:
+    """Whether the next warm builds the prefix from its text (not only pulls from a warm pod): nothing
+    known for this generation, or no pod of `targets` holds it (the ones that did are gone)."""
     cached = ctx.warm_results.get(uid)
     if cached is None or cached[0] != generation or not cached[1].snapshot:
+        return True
+    names = {t.name for t in targets}
+    return not any(s.state == "warm" and s.pod in names for s in cached[1].pods)
+
+
+async def _warm(ctx: Context, uid: str, generation: int | None, source: PrefixSource,
+                targets: list[WarmPod], pin: bool, logger: Log, *, namespace: str,
+                max_tokens: int | None) -> WarmResult:
+    names = {t.name for t in targets}
+    cached = ctx.warm_results.get(uid)
+    if cached is None or _must_seed(ctx, uid, generation, targets):
         def progress(state: PodWarmState) -> None:
             if state.state != "pending" or state.message != "waiting":
                 logger.info(f"{state.pod}: {state.state}: {state.message}")
 
-        result = await warm_shared_prefix(source, targets, http=ctx.http, agent_token=ctx.agent_token,
-                                          index=ctx.index, pin=pin, progress=progress)
+        result = await warm_shared_prefix(source, targets, http=ctx.http,
+                                          agent_token=ctx.agent_token_for(namespace), index=ctx.index,
+                                          pin=pin, progress=progress, max_tokens=max_tokens,
+                                          prefix_key=ctx.prefix_key)
     else:
         result = cached[1]
         warm = {s.pod for s in result.pods if s.state == "warm"}
@@ -120,7 +154,7 @@ async def _warm(ctx: Context, uid: str, generation: int | None, source: PrefixSo
             if target.name in warm:
                 continue
             state = await warm_pod(result, source, target, peers=peers, http=ctx.http,
-                                   agent_token=ctx.agent_token, index=ctx.index, pin=pin)
+                                   agent_token=ctx.agent_token_for(namespace), index=ctx.index, pin=pin)
             if states.get(target.name) is None or states[target.name].state != state.state:
                 logger.info(f"{target.name}: {state.state}: {state.message}")
             states[target.name] = state
@@ -149,6 +183,6 @@ async def remove_prefix(ctx: Context, body: Mapping[str, Any], logger: Log) -> N
     model = str((((fleet or {}).get("spec") or {}).get("model") or {}).get("name") or "") or None
     # This prefix is being deleted, so the required set computed now leaves it out.
     await declare_required(ctx, pods, await fleet_prefixes(ctx, namespace, fleet_name), logger)
-    await remove_shared_prefix(snapshot, [P.warm_pod(p) for p in pods], http=ctx.http,
-                               agent_token=ctx.agent_token, index=ctx.index, model=model)
+    await remove_shared_prefix(snapshot, [P.warm_pod(p, ctx.pod_api_key) for p in pods], http=ctx.http,
+                               agent_token=ctx.agent_token_for(namespace), index=ctx.index, model=model)
     logger.info(f"removed snapshot {snapshot} from {len(pods)} pods")

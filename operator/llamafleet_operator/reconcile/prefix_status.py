@@ -4,7 +4,9 @@ Conditions:
 - Ready: every running pod of the fleet holds the snapshot.
 - Warming: some pod does not hold it yet and has not failed.
 - Degraded: something will not fix itself by waiting, with the reason (`TemplateRenderFailed`,
-  `PodRejectedSnapshot` with the agent's words such as "fingerprint mismatch", `SeedFailed`, ...).
+  `PodRejectedSnapshot` with the agent's words such as "fingerprint mismatch", `SeedFailed`: no pod
+  could build it, with when the next attempt runs, ...). A prefix with no snapshot is never required
+  of any pod (readiness.py), so it only ever fails itself.
 """
 
 from __future__ import annotations
@@ -18,13 +20,14 @@ from llamafleet_operator.status import condition, merge, now
 STATES = {"warm": "Warm", "failed": "Failed", "pending": "Pending"}
 
 
-def _degraded(result: WarmResult) -> dict[str, Any]:
+def _degraded(result: WarmResult, note: str) -> dict[str, Any]:
     failed = [s for s in result.pods if s.state == "failed"]
+    if not result.snapshot:
+        message = "; ".join(f"{s.pod}: {s.message}" for s in failed) or "no pod could build the prefix"
+        return condition("Degraded", True, "SeedFailed", f"{message}; {note}" if note else message)
     if not failed:
         return condition("Degraded", False, "AsExpected")
     message = "; ".join(f"{s.pod}: {s.message}" for s in failed)
-    if not result.snapshot:
-        return condition("Degraded", True, "SeedFailed", message)
     if any("rejected snapshot" in s.message for s in failed):
         return condition("Degraded", True, "PodRejectedSnapshot", message)
     return condition("Degraded", True, "PodsFailed", message)
@@ -39,10 +42,12 @@ def _pod(state: PodWarmState) -> dict[str, Any]:
     return out
 
 
-def prefix_status(result: WarmResult, generation: int | None, previous: Mapping[str, Any]) -> dict[str, Any]:
+def prefix_status(result: WarmResult, generation: int | None, previous: Mapping[str, Any], *,
+                  note: str = "") -> dict[str, Any]:
+    """`note`: when the next attempt runs, for a prefix that no pod could build (retry.py)."""
     warm, desired = result.warm, result.desired
     pending = sum(s.state == "pending" for s in result.pods)
-    degraded = _degraded(result)
+    degraded = _degraded(result, note)
     all_warm = bool(result.snapshot) and warm == desired
     ready = condition("Ready", all_warm, "AllPodsWarm" if all_warm else "PodsNotWarm",
                       f"{warm} of {desired} pods warm")

@@ -2,9 +2,15 @@
 
 Agents run with `--await-required`: a pod is unready until someone declared its required snapshots, and
 then until it holds them all. The operator is that someone. The required set of a fleet is the snapshot
-of every SharedPrefix of the fleet that has one (its status hash) and is not being deleted, computed from
-the cluster every time, so the fleet timer (which also covers fleets without any SharedPrefix: the
-empty set makes their pods ready) and every SharedPrefix reconcile declare the same thing.
+of every SharedPrefix of the fleet that has one (its status hash), is not being deleted, and is held by
+at least one running pod of the fleet, computed from the cluster every time, so the fleet timer (which
+also covers fleets without any SharedPrefix: the empty set makes their pods ready) and every SharedPrefix
+reconcile declare the same thing.
+
+Why "held by a running pod": a prefix that no pod could build (longer than a slot's context, no idle
+slot at that moment, a pod restarting mid-warm) would otherwise gate every pod on a snapshot that
+exists nowhere, and take the whole fleet out of rotation. Such a prefix fails in its own status and is
+retried (prefix.py); the pods stay routable meanwhile, only without that prefix warm.
 
 Why not a pod readiness gate: the agent already answers the readiness probe and knows what it holds;
 a gate would need the operator to write every pod's status, and would still need the same set.
@@ -13,6 +19,7 @@ a gate would need the operator to write every pod's status, and would still need
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,9 +42,10 @@ class FleetPrefix:
     def warm_on(self, pod: str) -> bool:
         return pod in self.warm_pods
 
-    @property
-    def required(self) -> bool:
-        return self.snapshot is not None and not self.deleting
+    def required_on(self, running: Collection[str]) -> bool:
+        """Whether pods must hold it: it has a snapshot, is not going away, and one of `running` holds it
+        (there is a peer to pull it from)."""
+        return self.snapshot is not None and not self.deleting and any(p in self.warm_pods for p in running)
 
 
 def snapshot_of(name: str, text_hash: str | None) -> str | None:
@@ -63,17 +71,18 @@ async def fleet_prefixes(ctx: Context, namespace: str, fleet: str) -> list[Fleet
             if ((sp.get("spec") or {}).get("fleetRef") or {}).get("name") == fleet]
 
 
-def required_set(prefixes: list[FleetPrefix]) -> list[str]:
-    return sorted({p.snapshot for p in prefixes if p.required and p.snapshot})
+def required_set(prefixes: list[FleetPrefix], running: Collection[str]) -> list[str]:
+    """The snapshots every pod of `running` (pod names) must hold before it is ready."""
+    return sorted({p.snapshot for p in prefixes if p.required_on(running) and p.snapshot})
 
 
 async def declare_required(ctx: Context, pods: list[P.Pod], prefixes: list[FleetPrefix],
                            logger: Log) -> None:
     """Tell every running pod's agent the fleet's required set, where it differs (idempotent)."""
-    names = required_set(prefixes)
+    names = required_set(prefixes, [P.name(p) for p in pods])
 
     async def one(pod: P.Pod) -> None:
-        agent = AgentClient(P.warm_pod(pod).agent_url, ctx.http, ctx.agent_token)
+        agent = AgentClient(P.warm_pod(pod).agent_url, ctx.http, ctx.agent_token_for(P.namespace(pod)))
         try:
             current = await agent.required()
             if current.declared and sorted(current.required) == names:

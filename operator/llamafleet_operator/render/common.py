@@ -37,6 +37,8 @@ class Target:
     """Namespace of the operator pods; None means the fleet's own namespace."""
     gateway_namespace: str | None = None
     """Namespace of the gateway pods; None means the fleet's own namespace."""
+    agent_peer_networks: tuple[str, ...] = ()
+    """Networks (CIDR) the agents may pull from (their `--peer-networks`); empty: the agent's default."""
 
     @classmethod
     def of(cls, fleet: LlamaFleet, *, namespace: str | None = None, **options: Any) -> Target:

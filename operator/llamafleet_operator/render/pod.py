@@ -201,6 +201,9 @@ def agent_container(spec: LlamaFleetSpec, target: Target) -> Manifest:
         token_file=AGENT_TOKEN_FILE if target.agent_token_secret is not None else None,
         attach=target.attach(spec),
         server_help_file=podspec.SERVER_HELP_FILE if podspec.detects_features(spec) else None,
+        # The agent calls llama-server's /props and /slots: with the server's key, or every call is a 401.
+        llama_api_key_file=API_KEY_FILE if spec.api_key_secret_ref is not None else None,
+        peer_networks=target.agent_peer_networks or None,
     )
     mounts = [
         _snapshot_mount(spec),
@@ -208,9 +211,14 @@ def agent_container(spec: LlamaFleetSpec, target: Target) -> Manifest:
         {"name": "tmp", "mountPath": "/tmp"},
         {"name": "config", "mountPath": "/etc/llamafleet", "readOnly": True},
     ]
+    # The agent token (from which the agent also derives its manifest-signing key) is mounted here only,
+    # never into llama-server's container: that one writes the snapshot folder and must not be able to
+    # sign a manifest (`llamafleet_core.snapshot_signing`).
     if target.agent_token_secret is not None:
         mounts.append(
             {"name": "agent-token", "mountPath": f"{podspec.SECRETS_DIR}/agent-token", "readOnly": True})
+    if spec.api_key_secret_ref is not None:
+        mounts.append({"name": "api-key", "mountPath": f"{podspec.SECRETS_DIR}/api-key", "readOnly": True})
     return {
         "name": "agent",
         "image": spec.agent_image,

@@ -5,15 +5,26 @@ but pods that are not ready anyway may always be evicted, so a broken pod never 
 
 NetworkPolicy: llama-server's admin endpoints (`/slots` save/restore/erase) and the agent must never be
 reachable by clients (DESIGN.md section 5). Ingress to both ports is admitted only from the gateway and
-the operator, and to the agent port from peer pods of the same fleet (snapshot pulls).
+the operator, and to the agent port from peer pods of the same fleet (snapshot pulls). Every peer names
+its namespace explicitly. Inside a namespace admission is still by labels: whoever may create pods in the
+fleet's namespace (or the gateway's) can label one as a gateway or a peer.
+
+Egress (the pods run images the fleet's author chose and parse hostile prompts): DNS, the agent port of
+the same fleet's pods (pulls), and, only for a model downloaded from a URL, that URL's port anywhere but
+link-local addresses (cloud metadata services). Nothing else: not Redis, not the API server, not other
+fleets.
 """
 
 from __future__ import annotations
+
+from urllib.parse import urlsplit
 
 from llamafleet_core import labels as L
 from llamafleet_core import podspec
 from llamafleet_core.crd.models import LlamaFleet
 from llamafleet_operator.render.common import Manifest, Target, metadata
+
+NAMESPACE_NAME = "kubernetes.io/metadata.name"  # the API server sets it on every namespace
 
 
 def render_pdb(fleet: LlamaFleet, target: Target) -> Manifest:
@@ -29,12 +40,38 @@ def render_pdb(fleet: LlamaFleet, target: Target) -> Manifest:
     }
 
 
+def _in_namespace(namespace: str) -> Manifest:
+    return {"matchLabels": {NAMESPACE_NAME: namespace}}
+
+
 def _peer(component: L.Component, namespace: str | None, target: Target) -> Manifest:
-    peer: Manifest = {"podSelector": {"matchLabels": {
-        L.COMPONENT: component.value, L.APP_PART_OF: L.PART_OF}}}
-    if namespace is not None and namespace != target.namespace:
-        peer["namespaceSelector"] = {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
-    return peer
+    return {"podSelector": {"matchLabels": {L.COMPONENT: component.value, L.APP_PART_OF: L.PART_OF}},
+            "namespaceSelector": _in_namespace(namespace or target.namespace)}
+
+
+def _fleet_peers(target: Target) -> Manifest:
+    return {"podSelector": {"matchLabels": L.fleet_labels(target.name)},
+            "namespaceSelector": _in_namespace(target.namespace)}
+
+
+def _download_port(url: str) -> int:
+    parts = urlsplit(url)
+    return parts.port or (80 if parts.scheme == "http" else 443)
+
+
+def _egress(fleet: LlamaFleet, target: Target) -> list[Manifest]:
+    rules: list[Manifest] = [
+        {"ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]},
+        {"to": [_fleet_peers(target)], "ports": [{"protocol": "TCP", "port": podspec.AGENT_PORT}]},
+    ]
+    url = fleet.spec.model.source.url
+    if url is not None:
+        rules.append({
+            "to": [{"ipBlock": {"cidr": "0.0.0.0/0", "except": ["169.254.0.0/16"]}},
+                   {"ipBlock": {"cidr": "::/0", "except": ["fe80::/10"]}}],
+            "ports": [{"protocol": "TCP", "port": _download_port(url)}],
+        })
+    return rules
 
 
 def render_network_policy(fleet: LlamaFleet, target: Target) -> Manifest:
@@ -46,7 +83,7 @@ def render_network_policy(fleet: LlamaFleet, target: Target) -> Manifest:
         "metadata": metadata(target),
         "spec": {
             "podSelector": {"matchLabels": L.fleet_labels(target.name)},
-            "policyTypes": ["Ingress"],
+            "policyTypes": ["Ingress", "Egress"],
             "ingress": [
                 {
                     "from": [
@@ -56,9 +93,10 @@ def render_network_policy(fleet: LlamaFleet, target: Target) -> Manifest:
                     "ports": [server, agent],
                 },
                 {
-                    "from": [{"podSelector": {"matchLabels": L.fleet_labels(target.name)}}],
+                    "from": [_fleet_peers(target)],
                     "ports": [agent],
                 },
             ],
+            "egress": _egress(fleet, target),
         },
     }

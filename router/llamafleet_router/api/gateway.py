@@ -20,17 +20,21 @@ from starlette.responses import Response
 
 from llamafleet_core.index.base import IndexUnavailable
 from llamafleet_core.types import Action
+from llamafleet_router.api.fields import FieldPolicy
+from llamafleet_router.api.limited import admit
 from llamafleet_router.api.parse import ParsedRequest, Route, parse_request, read_body, upstream_body
 from llamafleet_router.auth import ANONYMOUS, ApiKeys, authenticate
 from llamafleet_router.background import IndexHealth, TaskSet
 from llamafleet_router.discovery.base import Discovery
-from llamafleet_router.errors import ApiError, no_pod_available
+from llamafleet_router.errors import ApiError, ClientGone, no_pod_available
 from llamafleet_router.fleet import InFlight, endpoint_states, props_for, resolve_model
 from llamafleet_router.gone import PodUnreachable, unless_gone
 from llamafleet_router.hooks import AfterResponse, Outcome, SchedulerLike
 from llamafleet_router.leases import ReplicaLeases
+from llamafleet_router.limits import KeyLimiter, LimitConfig, Permit
 from llamafleet_router.logs import request_id_var
 from llamafleet_router.metrics import RouterMetrics
+from llamafleet_router.ownership import ModelOwners
 from llamafleet_router.prompts import PromptRenderer
 from llamafleet_router.proxy import forward
 from llamafleet_router.scheduling.framework import (
@@ -43,6 +47,7 @@ from llamafleet_router.scheduling.framework import (
 from llamafleet_router.scheduling.speeds import SpeedBook
 from llamafleet_router.snapshots import SnapshotConfig, SnapshotFlow, SnapshotMetrics
 from llamafleet_router.snapshots.detached import Borrowed
+from llamafleet_router.tenancy import Tenancy
 
 log = logging.getLogger(__name__)
 
@@ -76,11 +81,14 @@ class _Finisher:
     key: str
     started: float
     done: bool = field(default=False)
+    permit: Permit | None = field(default=None)  # the key's place in its in-flight limit
 
     def __call__(self, outcome: Outcome, close: Callable[[], Awaitable[None]] | None) -> None:
         if self.done:
             return
         self.done = True
+        if self.permit is not None:
+            self.permit.release()
         g, d = self.gateway, self.decision
         g.in_flight.end(d.endpoint.uid, d.endpoint.url, d.slot)
         if g._snapshots is not None:
@@ -110,14 +118,25 @@ class Gateway:
 
     def __init__(
         self, *, keys: ApiKeys, metrics: RouterMetrics, prompts: PromptRenderer, health: IndexHealth,
-        max_body_bytes: int, retries: int,
+        max_body_bytes: int, retries: int, body_timeout_s: float | None = None,
+        max_response_bytes: int | None = None, limiter: KeyLimiter | None = None,
+        owners: ModelOwners | None = None, tenancy: Tenancy | None = None,
+        fields: FieldPolicy | None = None,
     ) -> None:
         self.keys = keys
+        self.fields = fields if fields is not None else FieldPolicy()  # what a body may carry to a pod
+        self.owners = owners if owners is not None else ModelOwners()  # which fleet serves a model name
+        self.tenancy = tenancy if tenancy is not None else Tenancy(auth_enabled=keys.enabled)
         self.metrics = metrics
         self.prompts = prompts
         self.health = health
         self.max_body_bytes = max_body_bytes
+        self.body_timeout_s = body_timeout_s
+        self.max_response_bytes = max_response_bytes
+        self.limiter = limiter if limiter is not None else KeyLimiter(LimitConfig())  # per-key limits
         self.retries = retries
+        # Sent to the pods with every forwarded request: llama-server's own key, when they run with one.
+        self.pod_headers: dict[str, str] = {}
         self.tasks = TaskSet()
         self.in_flight = InFlight(metrics)
         # Set in the lifespan (they need the app's HTTP client or are built from it).
@@ -180,13 +199,13 @@ class Gateway:
         build = SchedRequest(f"{req.request_id}/build", req.model, req.prompt, None)
         pods = [p for p in await self.discovery.endpoints() if pod_uid is None or p.endpoint.uid == pod_uid]
         try:
-            states = endpoint_states(req.model, pods, self.in_flight)
+            states = endpoint_states(req.model, self.owners.pick(req.model, pods), self.in_flight)
             roomy = [s for s in states if len(s.idle_slots) >= min_idle]
             states = [dataclasses.replace(s, busy_slots=s.busy_slots | avoid) if avoid else s for s in roomy]
             if not states:
                 return None
             decision = await self.scheduler.schedule(build, states)
-        except (NoEndpointError, IndexUnavailable):
+        except (NoEndpointError, IndexUnavailable, ApiError):  # ApiError: no pod, or a model conflict
             return None
         after = self.after
         if decision.slot == ANY_SLOT or decision.branch == "queued" or decision.endpoint.agent_url is None:
@@ -203,23 +222,36 @@ class Gateway:
 
     async def infer(self, request: Request, route: Route) -> Response:
         key, model = ANONYMOUS, "unknown"
+        permit: Permit | None = None
         try:
             key = authenticate(self.keys, request.headers)
-            parsed = parse_request(route, await read_body(request, self.max_body_bytes))
+            parsed = parse_request(route, await read_body(request, self.max_body_bytes, self.body_timeout_s))
+            parsed = self.fields.check(parsed, key)  # 400: a field off the allow-list or a bound, a bad shape
+            permit = admit(self.limiter, key, route, parsed.body)  # 429 past the key's own limits
             assert self.discovery is not None, "the app's lifespan has not run"
             pods = await self.discovery.endpoints()
             self.metrics.pods_up.set(sum(pod.ready for pod in pods))
             model = resolve_model(parsed.model, pods)
+            pods = self.owners.pick(model, pods)  # 503 for a name two fleets claim
             source = props_for(model, pods)
-            identity = self.prompts.identity(parsed, model, source.props if source else None)
+            parsed = self.fields.forwarded(parsed, key, source.props if source else None)  # media, length
+            identity = self.prompts.identity(parsed, model, source.props if source else None,
+                                             self.tenancy.namespace(key))
             req = SchedRequest(request_id_var.get() or "", model, identity, parsed.session_id)
-            return await self._dispatch(request, req, parsed, key)
+            response = await self._dispatch(request, req, parsed, key, permit)
+            permit = None  # the response's finisher gives it back, when the response ends
+            return response
         except ApiError as err:
             if not err.counted:
                 self.metrics.requests.labels(model, key, str(err.status)).inc()
+            if isinstance(err, ClientGone):
+                self.metrics.client_disconnects.inc()
             log.info("request refused", extra={"status": err.status, "code": err.code, "key": key,
                                                "model": model})
             return err.response()
+        finally:
+            if permit is not None:
+                permit.release()  # refused, failed or cancelled before any response
 
     async def _schedule(self, req: SchedRequest, states: list[EndpointState]) -> Decision:
         assert self.scheduler is not None
@@ -238,13 +270,14 @@ class Gateway:
         return decision
 
     async def _dispatch(
-        self, request: Request, req: SchedRequest, parsed: ParsedRequest, key: str
+        self, request: Request, req: SchedRequest, parsed: ParsedRequest, key: str,
+        permit: Permit | None = None,
     ) -> Response:
         assert self.discovery is not None and self.http is not None and self.after is not None
         excluded: set[str] = set()
         snapshots = self.snapshots
         for attempt in range(self.retries + 1):
-            pods = await self.discovery.endpoints()
+            pods = self.owners.pick(req.model, await self.discovery.endpoints())
             if snapshots is not None:
                 await snapshots.resync.ensure(pods)  # a pod seen at a new epoch: re-record its snapshots
             decision = await self._schedule(req, endpoint_states(req.model, pods, self.in_flight,
@@ -259,15 +292,15 @@ class Gateway:
                     # A restore or first-sight prefill waits on the pod too: give up if it hangs.
                     decision = await unless_gone(give_up, snapshots.prepare(req, decision, pods))
                 self.tasks.spawn(self.after.dispatched(req, decision), name="record-dispatched")
-                finish = _Finisher(self, req, decision, key, time.perf_counter())
+                finish = _Finisher(self, req, decision, key, time.perf_counter(), permit=permit)
                 return await forward(
                     self.http, url + parsed.route.value, upstream_body(parsed.body, decision.slot),
                     {"content-type": "application/json", "accept": request.headers.get("accept", "*/*"),
-                     "accept-encoding": "identity", "x-request-id": req.request_id},
+                     "accept-encoding": "identity", "x-request-id": req.request_id, **self.pod_headers},
                     on_finish=finish,
                     on_first_byte=self._on_first_byte(req),
-                    extra_headers=decision_headers(decision),
-                    give_up=give_up,
+                    extra_headers=decision_headers(decision) if self.tenancy.routing_headers(key) else None,
+                    give_up=give_up, max_response_bytes=self.max_response_bytes,
                 )
             except PodUnreachable as exc:
                 if finish is not None:

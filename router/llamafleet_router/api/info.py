@@ -1,5 +1,12 @@
 """The routes that are not inference: `/v1/models`, `/health`, `/metrics`, and OpenAI-shaped errors for
-everything else (unknown paths, llama-server admin paths, wrong methods, unexpected failures)."""
+everything else (unknown paths, llama-server admin paths, wrong methods, unexpected failures).
+
+`/health` and `/metrics` show pod addresses, uids, busy slots, key names and per-key traffic. On the
+client port only admin keys see them (`tenancy.py`): `/health` answers everyone else `{"status"}` alone
+(200 or 503: what probes and load balancers need), `/metrics` answers 401 or 403. The `metrics_port`
+listener (`unlocked=True`) serves both in full without a key: it is for Prometheus and probes, and the
+chart never puts it behind the Service clients use. `/openapi.json` stays public: it describes the
+API, and holds no state."""
 
 from __future__ import annotations
 
@@ -14,7 +21,7 @@ from starlette.responses import JSONResponse, Response
 
 from llamafleet_router.api.gateway import Gateway
 from llamafleet_router.auth import authenticate
-from llamafleet_router.errors import NOT_FOUND, SERVER, ApiError
+from llamafleet_router.errors import AUTHENTICATION, NOT_FOUND, SERVER, ApiError
 from llamafleet_router.fleet import served_models
 
 log = logging.getLogger(__name__)
@@ -26,9 +33,22 @@ Readiness = Callable[[], Awaitable[tuple[bool, dict[str, Any]]]]
 
 
 class InfoRoutes:
-    def __init__(self, gateway: Gateway, readiness: Readiness | None = None) -> None:
+    def __init__(
+        self, gateway: Gateway, readiness: Readiness | None = None, *, unlocked: bool = False
+    ) -> None:
         self.gateway = gateway
         self.readiness = readiness
+        self.unlocked = unlocked  # the metrics port: details without a key
+
+    def _admin(self, request: Request) -> bool:
+        """Whether the caller may see the details (a missing or wrong key: no, never a 401 here)."""
+        if self.unlocked:
+            return True
+        try:
+            key = authenticate(self.gateway.keys, request.headers)
+        except ApiError:
+            return False
+        return self.gateway.tenancy.is_admin(key)
 
     async def models(self, request: Request) -> Response:
         g = self.gateway
@@ -49,6 +69,8 @@ class InfoRoutes:
         pods = await g.discovery.endpoints()
         ready = sum(pod.ready for pod in pods)
         g.metrics.pods_up.set(ready)
+        conflicts = g.owners.conflicts(pods)
+        g.metrics.model_conflicts.set(len(conflicts))
         body: dict[str, Any] = {
             "status": "ok" if ready else "unavailable",
             "index": "degraded" if g.health.degraded else "ok",
@@ -61,6 +83,8 @@ class InfoRoutes:
                  "in_flight": g.in_flight.count(pod.endpoint.uid)}
                 for pod in pods
             ],
+            # Model names several fleets report, unmapped: refused until `model_fleets` says (ownership.py).
+            "model_conflicts": conflicts,
         }
         ok = bool(ready)
         if self.readiness is not None:
@@ -68,10 +92,23 @@ class InfoRoutes:
             body["fleet"] = details
             ok = ok and extra_ok
             body["status"] = "ok" if ok else "unavailable"
+        if not self._admin(request):
+            body = {"status": body["status"]}
         return JSONResponse(body, status_code=200 if ok else 503)
 
     async def metrics(self, request: Request) -> Response:
-        return Response(generate_latest(self.gateway.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        g = self.gateway
+        if not self.unlocked:
+            try:
+                key = authenticate(g.keys, request.headers)
+            except ApiError as err:
+                return err.response()
+            if not g.tenancy.is_admin(key):
+                return ApiError(403, "/metrics needs an admin key (the gateway's `admin_keys`).",
+                                type=AUTHENTICATION, code="admin_key_required").response()
+        if g.discovery is not None:
+            g.metrics.model_conflicts.set(len(g.owners.conflicts(await g.discovery.endpoints())))
+        return Response(generate_latest(g.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 
 async def http_error(request: Request, exc: Exception) -> Response:

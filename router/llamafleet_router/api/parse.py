@@ -3,19 +3,22 @@
 Only what the router itself relies on is checked (the body is an object; `model` is a string; `stream`
 is a boolean; the prompt fields exist with the right shape). Everything else is llama-server's business
 and its own 4xx answers are passed through. `read_body` comes first: it refuses an oversized body (413)
-by its Content-Length and, for chunked bodies, by counting, before any of it is parsed.
+by its Content-Length and, for chunked bodies, by counting, before any of it is parsed, and a body that
+takes too long to arrive (408).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 import orjson
+from starlette.requests import ClientDisconnect
 
-from llamafleet_router.errors import ApiError, bad_request
+from llamafleet_router.errors import ApiError, ClientGone, bad_request
 
 if TYPE_CHECKING:
     from starlette.requests import Request
@@ -159,8 +162,10 @@ def upstream_body(body: dict[str, Any], slot: int) -> bytes:
         return json.dumps(forwarded, ensure_ascii=False, separators=(",", ":")).encode()
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The body, refusing more than `limit` bytes by Content-Length AND by counting (chunked bodies)."""
+async def read_body(request: Request, limit: int, timeout_s: float | None = None) -> bytes:
+    """The body, refusing more than `limit` bytes by Content-Length AND by counting (chunked bodies),
+    and a body still arriving `timeout_s` after the start (408: a slow-loris client holds a task and
+    its buffer for as long as it likes otherwise)."""
     declared = request.headers.get("content-length")
     if declared is not None:
         if not declared.strip().isdigit():
@@ -168,10 +173,18 @@ async def read_body(request: Request, limit: int) -> bytes:
         if int(declared) > limit:
             raise _too_large(limit)
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise _too_large(limit)
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > limit:
+                    raise _too_large(limit)
+    except TimeoutError:
+        # `connection: close`: the rest of the body may still come, and cannot be told from a request.
+        raise ApiError(408, f"The request body did not arrive within {timeout_s:g} s.",
+                       code="request_timeout", headers={"connection": "close"}) from None
+    except ClientDisconnect:
+        raise ClientGone() from None
     return bytes(body)
 
 

@@ -31,6 +31,8 @@ class PodProps:
     n_ctx: int = 0
     chat_template_caps: Mapping[str, bool] | None = None
     chat_template_tool_use: str = ""
+    # The inputs beyond text its model takes (`vision`, `audio`, `video`); None when /props does not say.
+    modalities: frozenset[str] | None = None
 
     @classmethod
     def from_props(cls, props: Mapping[str, Any], model_override: str | None = None) -> PodProps:
@@ -46,6 +48,7 @@ class PodProps:
             n_ctx=int(settings.get("n_ctx") or 0) if isinstance(settings, Mapping) else 0,
             chat_template_caps=dict(caps) if isinstance(caps, Mapping) else None,
             chat_template_tool_use=str(props.get("chat_template_tool_use") or ""),
+            modalities=_modalities(props.get("modalities")),
         )
 
     def template_props(self) -> dict[str, Any]:
@@ -55,6 +58,13 @@ class PodProps:
             "chat_template_caps": self.chat_template_caps,
             "chat_template_tool_use": self.chat_template_tool_use,
         }
+
+
+def _modalities(value: Any) -> frozenset[str] | None:
+    """`{"vision": true, "audio": false}` as the set of those that are true."""
+    if not isinstance(value, Mapping):
+        return None
+    return frozenset(str(name) for name, on in value.items() if on is True)
 
 
 def model_name(props: Mapping[str, Any]) -> str:
@@ -75,11 +85,14 @@ class PodStatus:
 
     `endpoint.ready` is False while the pod is down (or was never reached); `props` is None until its
     `/props` was read once. `busy_slots` comes from the latest `/slots` poll (for /health and
-    operators; scheduling trusts its own in-flight requests and the slot leases instead)."""
+    operators; scheduling trusts its own in-flight requests and the slot leases instead). `fleet`:
+    the `namespace/name` of the fleet the pod belongs to (membership discovery; None for static pods),
+    which decides who serves a model name (`ownership.py`)."""
 
     endpoint: Endpoint
     props: PodProps | None
     busy_slots: frozenset[int] = frozenset()
+    fleet: str | None = None
 
     @property
     def ready(self) -> bool:

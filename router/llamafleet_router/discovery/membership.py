@@ -8,7 +8,9 @@ for that and only reconciles the SET of watched pods, every `poll_interval`:
 - a watched pod that is no longer a ready member is dropped (and its index entries fenced): it leaves
   `endpoints()` at once. Not-ready members are not routed to, as a Kubernetes Service would not;
 - a pod still there is left untouched, so its epoch and restart fencing work exactly as in static
-  discovery.
+  discovery;
+- the namespace of each watched pod's agent goes to the snapshot flow's `AgentTokens`
+  (`bind_agent_tokens`): agents accept only their own namespace's token.
 
 A Redis error keeps the last known pods (logged, never raised): the operator writes membership without
 expiry precisely so that routers keep serving through a Redis or operator outage.
@@ -18,14 +20,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import httpx
 import redis.asyncio as aioredis
+from prometheus_client import Gauge
 from redis.exceptions import RedisError
 
-from llamafleet_core.membership import DEFAULT_PREFIX, Member, list_fleets, read_members
+from llamafleet_core.agent_tokens import AgentTokens
+from llamafleet_core.membership import DEFAULT_PREFIX, Member, fleet_id, list_fleets, read_members
 from llamafleet_router.background import cancel_and_wait
+from llamafleet_router.discovery.addresses import MemberGate
 from llamafleet_router.discovery.base import FenceHook, PodStatus
 from llamafleet_router.discovery.static import StaticDiscovery
 from llamafleet_router.gone import GoneSignal
@@ -42,9 +47,11 @@ def parse_fleet(text: str) -> tuple[str, str]:
     return namespace, name
 
 
-def wanted_specs(members: Sequence[Member]) -> dict[str, PodSpec]:
-    """The pods to watch, by URL: ready members only (pure, so the policy is testable alone)."""
-    return {m.url: PodSpec(m.url, m.agent_url, m.attach) for m in members if m.ready}
+def wanted_specs(members: Sequence[Member], fleet_of: Mapping[str, str] | None = None) -> dict[str, PodSpec]:
+    """The pods to watch, by URL: ready members only (pure, so the policy is testable alone), each with
+    its fleet's `namespace/name` from `fleet_of` (by URL): who serves a model name (`ownership.py`)."""
+    fleets = fleet_of or {}
+    return {m.url: PodSpec(m.url, m.agent_url, m.attach, fleets.get(m.url)) for m in members if m.ready}
 
 
 class MembershipDiscovery:
@@ -60,6 +67,8 @@ class MembershipDiscovery:
         startup_timeout: float = 10.0,
         prefix: str = DEFAULT_PREFIX,
         hang_timeout: float | None = None,
+        member_networks: Sequence[str] | None = None,
+        api_key: str | None = None,
     ) -> None:
         self._redis = redis_client
         #: Empty: every fleet listed in Redis (`P:fleets`), re-read on each refresh.
@@ -68,8 +77,19 @@ class MembershipDiscovery:
         self._interval = poll_interval
         self._pods = StaticDiscovery([], http, poll_interval=poll_interval, model_name=model_name,
                                      fence=fence, startup_timeout=startup_timeout,
-                                     hang_timeout=hang_timeout)
+                                     hang_timeout=hang_timeout, api_key=api_key)
+        # Members outside `member_networks` (None: the private ranges) are ignored (addresses.py).
+        self._gate = MemberGate(member_networks)
         self._loop: asyncio.Task[None] | None = None
+        self._tokens: AgentTokens | None = None
+
+    def show_ignored_on(self, gauge: Gauge) -> None:
+        """Show the members ignored for their address on the app's gauge."""
+        self._gate.show_on(gauge)
+
+    def bind_agent_tokens(self, tokens: AgentTokens) -> None:
+        """Keep `tokens` told which namespace each watched pod's agent is in (agent_tokens.py)."""
+        self._tokens = tokens
 
     async def start(self) -> None:
         # Pods known before the static watchers start, so start() waits for their first poll.
@@ -101,13 +121,19 @@ class MembershipDiscovery:
         """Reconcile the watched pods with Redis; False (pods unchanged) when Redis could not be read."""
         try:
             fleets = self._fleets or await list_fleets(self._redis, prefix=self._prefix)
-            members = [m for ns, name in fleets
-                       for m in await read_members(self._redis, ns, name, prefix=self._prefix)]
+            read = [(ns, name, await read_members(self._redis, ns, name, prefix=self._prefix))
+                    for ns, name in fleets]
+            placed = [(ns, m) for ns, _, members in read for m in members]
         except (RedisError, OSError) as exc:
             log.warning("fleet membership unreadable; keeping the last known pods",
                         extra={"error": str(exc)})
             return False
-        wanted = wanted_specs(members)
+        placed = self._gate.admit(placed)  # never a pod or an agent outside member_networks
+        fleet_of = {m.url: fleet_id(ns, name) for ns, name, members in read for m in members}
+        wanted = wanted_specs([m for _, m in placed], fleet_of)
+        if self._tokens is not None:
+            # Before any pod is added: its first agent call already carries its namespace's token.
+            self._tokens.place({m.agent_url: ns for ns, m in placed if m.url in wanted})
         for url in sorted(self._pods.urls - wanted.keys()):
             log.info("pod left the fleet", extra={"pod": url})
             await self._pods.remove(url)

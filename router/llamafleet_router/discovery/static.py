@@ -66,8 +66,10 @@ class StaticDiscovery:
         fence: FenceHook | None = None,
         startup_timeout: float = 10.0,
         hang_timeout: float | None = None,
+        api_key: str | None = None,
     ) -> None:
-        self._pods = [_Pod(spec, LlamaClient(spec.url, http)) for spec in pods]
+        self._api_key = api_key  # the pods' own `--api-key`: /slots and /props need it
+        self._pods = [_Pod(spec, LlamaClient(spec.url, http, api_key)) for spec in pods]
         self._http = http
         self._gone: dict[str, GoneSignal] = {}
         self._hang_after = hang_timeout or max(3.0, 4 * poll_interval)
@@ -106,7 +108,7 @@ class StaticDiscovery:
         """Watch one more pod (a no-op for a URL already watched); polled at once when started."""
         if spec.url in self.urls:
             return
-        pod = _Pod(spec, LlamaClient(spec.url, self._http))
+        pod = _Pod(spec, LlamaClient(spec.url, self._http, self._api_key))
         self._pods.append(pod)
         if self._started:
             self._tasks[spec.url] = self._spawn(pod)
@@ -168,7 +170,8 @@ class StaticDiscovery:
             attach=pod.spec.attach,
             resume_anywhere=pod.resume_anywhere,
         )
-        return PodStatus(endpoint=endpoint, props=pod.props, busy_slots=pod.busy if pod.up else frozenset())
+        return PodStatus(endpoint=endpoint, props=pod.props, busy_slots=pod.busy if pod.up else frozenset(),
+                         fleet=pod.spec.fleet)
 
     async def _watch(self, pod: _Pod) -> None:
         while True:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from llamafleet_core.agent_tokens import AgentTokens
 from llamafleet_router.settings import RouterSettings
 
 _SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -32,11 +33,19 @@ class SnapshotConfig:
     ship: bool = True  # copy a snapshot to a pod whose sessions want it, in the background (ship.py)
     prime_slots: int = 2  # idle slots of its pod a new session prefix is loaded into at once (prime.py)
     learned_cuts: int = 4  # cuts a head's build saves from its family's divergence points (divergence.py)
+    # Per-namespace agent tokens (fleets discovered through the membership); None: `token` for every agent.
+    tokens: AgentTokens | None = None
+    # llama-server's own API key (settings' `pod_api_key`): first-sight prefills and primes call the pods.
+    pod_api_key: str | None = None
 
     def __repr__(self) -> str:
         return (f"SnapshotConfig(token=***, block_chars={self.block_chars}, "
                 f"first_sight_min_chars={self.first_sight_min_chars}, stages={self.stages}, "
                 f"learned_cuts={self.learned_cuts})")
+
+    def agent_token(self, agent_url: str) -> str:
+        """The token to present to the agent at `agent_url` (its namespace's, see agent_tokens.py)."""
+        return self.tokens.for_agent(agent_url) if self.tokens is not None else self.token
 
     @property
     def min_gap(self) -> int:
@@ -54,6 +63,10 @@ class SnapshotConfig:
             first_sight_min_chars=settings.first_sight_min_chars,
             first_sight_wait_s=settings.first_sight_wait_s, stages=settings.snapshot_stages,
             ship=settings.ship_snapshots, prime_slots=settings.prime_slots,
+            pod_api_key=settings.resolved_pod_api_key(),
+            # Pods from the membership live in namespaces, each with its own derived token; static pods
+            # (local fleets) take the configured token as it is.
+            tokens=AgentTokens(token, per_namespace=settings.discovery == "redis"),
         )
 
 
@@ -104,7 +117,8 @@ class SnapshotMetrics:
 
 # Failure kinds that say the snapshot itself is bad or gone: its index entry is dropped so that no
 # other request tries it again (the agent refuses it anyway; this saves the round trip).
-BAD_SNAPSHOT_KINDS = frozenset({"checksum", "size", "tokens", "not_found", "symlink", "restore", "name"})
+BAD_SNAPSHOT_KINDS = frozenset({"checksum", "size", "tokens", "not_found", "symlink", "restore", "name",
+                                "signature"})
 
 
 def failure_kind(kind: str, status: int | None, known: Mapping[int, str] | None = None) -> str:

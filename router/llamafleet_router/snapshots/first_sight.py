@@ -132,11 +132,13 @@ class Prompt:
     session_chars: int
 
 
-async def tokenize_pieces(http: httpx.AsyncClient, url: str, text: str) -> tuple[list[int], list[Any]]:
+async def tokenize_pieces(http: httpx.AsyncClient, url: str, text: str,
+                          api_key: str | None = None) -> tuple[list[int], list[Any]]:
     """Token ids and pieces of `text` on the pod, with special tokens parsed (as the chat path does)."""
     body = {"content": text, "add_special": True, "parse_special": True, "with_pieces": True}
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
     try:
-        resp = await http.post(url.rstrip("/") + "/tokenize", json=body, timeout=120.0)
+        resp = await http.post(url.rstrip("/") + "/tokenize", json=body, headers=headers, timeout=120.0)
     except httpx.HTTPError as exc:
         raise LlamaError(f"POST /tokenize: {type(exc).__name__}: {exc}") from exc
     if resp.status_code >= 400:
@@ -201,8 +203,8 @@ class StagedPrefill:
     ) -> SnapshotRef | None:
         assert target.agent_url is not None
         session = prompt.text[: prompt.session_chars]
-        llama = LlamaClient(target.url, self._http)
-        agent = AgentClient(target.agent_url, self._http, self._config.token)
+        llama = LlamaClient(target.url, self._http, self._config.pod_api_key)
+        agent = AgentClient(target.agent_url, self._http, self._config.agent_token(target.agent_url))
         points = prompt_stages(prompt, self._config)
         # A head with nothing of it in the slot: its first stage is prefilled from its text while the
         # whole head is tokenized beside it (`/tokenize` runs in the server's HTTP threads, the prefill
@@ -215,7 +217,8 @@ class StagedPrefill:
             early = asyncio.ensure_future(self._prefill_text(llama, session[:ahead], slot))
         try:
             with spent("tokenize"):
-                tokens, pieces = await tokenize_pieces(self._http, target.url, session)
+                tokens, pieces = await tokenize_pieces(self._http, target.url, session,
+                                                       self._config.pod_api_key)
         except (LlamaError, KeyError, ValueError, TypeError) as exc:
             self._fail("tokenize", "llama", str(exc))
             if early is not None:

@@ -59,7 +59,7 @@ class SnapshotFlow:
         self.config = config
         self.metrics = metrics
         self._index = index
-        self.restorer = RestoreExecutor(http=http, index=index, token=config.token, metrics=metrics,
+        self.restorer = RestoreExecutor(http=http, index=index, token=config.agent_token, metrics=metrics,
                                         tasks=tasks, speeds=speeds)
         self.staged = StagedPrefill(http=http, index=index, config=config, metrics=metrics)
         self.shipper = Shipper(restorer=self.restorer, metrics=metrics, tasks=tasks)
@@ -69,7 +69,7 @@ class SnapshotFlow:
         self.families = HeadFamilies(index=index, tasks=tasks, config=config)
         self._known: dict[tuple[str, str], float] = {}
         self.primer = Primer(http=http, index=index, restorer=self.restorer, metrics=metrics, tasks=tasks,
-                             slots=PrimedSlots())
+                             slots=PrimedSlots(), api_key=config.pod_api_key)
         # Set by the gateway: lends an idle slot (leased, counted in flight) to a background build.
         self.borrow: BorrowSlot | None = None
         self._detached = DetachedBuilds(

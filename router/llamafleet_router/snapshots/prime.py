@@ -114,9 +114,10 @@ class PrimedSlots:
 class Primer:
     def __init__(
         self, *, http: httpx.AsyncClient, index: PrefixIndex, restorer: RestoreExecutor,
-        metrics: SnapshotMetrics, tasks: TaskSet, slots: PrimedSlots,
+        metrics: SnapshotMetrics, tasks: TaskSet, slots: PrimedSlots, api_key: str | None = None,
     ) -> None:
         self._http = http
+        self._api_key = api_key  # llama-server's own key, for its /slots
         self._index = index
         self._restorer = restorer
         self._metrics = metrics
@@ -145,7 +146,7 @@ class Primer:
         snap = primed.snapshot
         try:
             lookup, slots = await asyncio.gather(self._index.lookup(model, blocks[: snap.n_blocks]),
-                                                 LlamaClient(url, self._http).slots())
+                                                 LlamaClient(url, self._http, self._api_key).slots())
         except Exception as exc:
             log.info("checking a primed slot failed", extra={"pod": url, "error": str(exc)})
             return False
@@ -203,7 +204,8 @@ class Primer:
         if not isinstance(outcome, Restored):
             self._metrics.primes.labels("failed").inc()
             return False
-        state = slot_state(await LlamaClient(decision.endpoint.url, self._http).slots(), decision.slot)
+        llama = LlamaClient(decision.endpoint.url, self._http, self._api_key)
+        state = slot_state(await llama.slots(), decision.slot)
         if state is None or state[0] not in (None, outcome.n_tokens):
             self._metrics.primes.labels("failed").inc()
             return False

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import httpx
@@ -46,7 +46,8 @@ class Restored:
 
 class RestoreExecutor:
     def __init__(
-        self, *, http: httpx.AsyncClient, index: PrefixIndex, token: str, metrics: SnapshotMetrics,
+        self, *, http: httpx.AsyncClient, index: PrefixIndex, token: str | Callable[[str], str],
+        metrics: SnapshotMetrics,
         tasks: TaskSet, speeds: SpeedBook | None = None,
     ) -> None:
         self._http = http
@@ -57,7 +58,10 @@ class RestoreExecutor:
         self._speeds = speeds
 
     def agent(self, url: str) -> AgentClient:
-        return AgentClient(url, self._http, self._token)
+        """A client for the agent at `url`, with that agent's own token (`token` may be a function of the
+        URL: per-namespace tokens, see agent_tokens.py)."""
+        token = self._token(url) if callable(self._token) else self._token
+        return AgentClient(url, self._http, token)
 
     async def restore(
         self, model: str, blocks: Sequence[str], target: Endpoint, slot: int, snap: SnapshotRef,

@@ -75,7 +75,7 @@ class Resync:
 
     async def _sync(self, ep: Endpoint) -> int:
         assert ep.agent_url is not None
-        agent = AgentClient(ep.agent_url, self._http, self._config.token)
+        agent = AgentClient(ep.agent_url, self._http, self._config.agent_token(ep.agent_url))
         recorded = 0
         try:
             fingerprint = await agent.fingerprint()
