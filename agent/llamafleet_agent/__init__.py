@@ -1,9 +1,11 @@
 """llamafleet_agent: the snapshot sidecar beside each llama-server.
 
-It owns the server's `--slot-save-path` folder. Routes (all but `/health` need the shared bearer token):
+It owns the server's `--slot-save-path` folder, and signs every manifest in it (`store.py`). Routes (all
+but `/health`, `/ready` and `/metrics` need the shared bearer token):
 
 - `POST /v1/snapshots/save {slot, name, pinned?, blocks?, block_chars?, tokens?}` -> manifest
-- `POST /v1/snapshots/pull {name, source, pinned?}` -> manifest (fetched from a peer agent and verified)
+- `POST /v1/snapshots/pull {name, source, pinned?}` -> manifest (fetched from a peer agent at an address
+  of `peer_networks` and verified, its signature first: `pull.py`)
 - `POST /v1/snapshots/{name}/restore {slot}` -> {n_tokens, verify_ms, restore_ms, total_ms}
 - `GET /v1/snapshots`, `GET|DELETE /v1/snapshots/{name}`, `GET /v1/snapshots/{name}/file`
 - `GET|PUT /v1/required {snapshots}`: the snapshots this pod must hold to be ready (`required.py`)

@@ -30,13 +30,14 @@ async def test_every_pod_fails_with_a_reason_when_no_pod_answers() -> None:
     assert all(p.state == "failed" and "/props" in p.message for p in result.pods)
 
 
-async def test_raw_text_is_named_but_pods_fail_when_their_agents_are_down() -> None:
+async def test_raw_text_is_hashed_but_no_snapshot_named_when_their_agents_are_down() -> None:
+    """Seeded nowhere: no snapshot name, so nobody records or requires it (issue 22, finding 1)."""
     source = PrefixSource(name="p", model="m", text="You are terse. " * 40)
     seen: list[str] = []
     async with httpx.AsyncClient(timeout=5.0) as http:
         result = await warm_shared_prefix(source, [dead_pod("a")], http=http, agent_token="t", index=None,
                                           progress=lambda s: seen.append(s.state))
-    assert result.snapshot.startswith("sp-p-") and result.n_chars == len(source.text or "")
+    assert result.snapshot == "" and result.text_hash and result.n_chars == len(source.text or "")
     assert result.pods[0].state == "failed" and "agent not answering" in result.pods[0].message
     assert seen == ["pending", "failed"]
 

@@ -141,3 +141,23 @@ def test_chart_keeps_the_metrics_port_closed_without_a_scraper(helm: Helm) -> No
     rules = one(objs, "NetworkPolicy", "gateway")["spec"]["ingress"]
     metrics_rule = next(r for r in rules if r["ports"][0]["port"] == container_port(objs, "metrics"))
     assert metrics_rule["from"] == prometheus
+
+
+def test_chart_tenancy_and_fleet_mapping_reach_the_router_as_it_reads_them(
+    helm: Helm, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    objs = helm.template(sets=("gateway.tenancy.adminKeys={ops}", "gateway.tenancy.keyGroups.alice=team-a",
+                               "gateway.tenancy.keyGroups.bob=team-b", "gateway.modelFleets.qwen=team-b/tiny",
+                               "gateway.tenancy.routingHeadersForAll=true"))
+    gateway = pod_spec(one(objs, "Deployment", "gateway"))["containers"][0]
+    for e in gateway["env"]:
+        if e["name"].startswith("LLAMAFLEET_ROUTER_") and "value" in e:
+            monkeypatch.setenv(e["name"], e["value"])
+    settings = RouterSettings()
+    assert settings.admin_keys == ["ops"] and settings.expose_routing_headers
+    assert settings.key_tenants == ["alice:team-a", "bob:team-b"]
+    assert settings.model_fleets == ["qwen=team-b/tiny"]
+    defaults = helm.template()
+    env = {e["name"] for e in pod_spec(one(defaults, "Deployment", "gateway"))["containers"][0]["env"]}
+    assert not env & {"LLAMAFLEET_ROUTER_ADMIN_KEYS", "LLAMAFLEET_ROUTER_EXPOSE_ROUTING_HEADERS",
+                      "LLAMAFLEET_ROUTER_KEY_TENANTS", "LLAMAFLEET_ROUTER_MODEL_FLEETS"}

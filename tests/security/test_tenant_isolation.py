@@ -224,3 +224,23 @@ async def test_tenant_groups_never_find_each_others_prefixes(redis_url: str) -> 
         assert first_alice["predicted_blocks"] == 0
     finally:
         await client.aclose()
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("model_fleets", "fake"), ("model_fleets", "fake=team-b"), ("model_fleets", "fake=a/x,fake=b/y"),
+    ("key_tenants", "alice"), ("key_tenants", "alice:"), ("key_tenants", "alice:a,alice:b"),
+    ("index_prefix", ""), ("index_prefix", "lf:x"), ("index_prefix", "a b"),
+])
+def test_malformed_tenancy_settings_are_refused_at_start(field: str, value: str) -> None:
+    with pytest.raises(ValueError, match=field if field == "index_prefix" else "must be|two"):
+        RouterSettings(**{field: value})
+
+
+def test_tenancy_settings_as_the_environment_gives_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LLAMAFLEET_ROUTER_MODEL_FLEETS", "fake=team-b/tiny, other=team-a/big")
+    monkeypatch.setenv("LLAMAFLEET_ROUTER_KEY_TENANTS", "alice:a,bob:b")
+    monkeypatch.setenv("LLAMAFLEET_ROUTER_ADMIN_KEYS", "ops")
+    s = RouterSettings()
+    assert s.model_fleets == ["fake=team-b/tiny", "other=team-a/big"]
+    assert (s.key_tenants, s.admin_keys, s.expose_routing_headers, s.index_prefix) == (
+        ["alice:a", "bob:b"], ["ops"], False, "lf")

@@ -17,6 +17,7 @@ PREFIX = "llamafleet.io"
 
 async def startup_fn(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     ours: OperatorSettings = memo.settings
+    ours.admission_policy()  # a bad image pattern stops the start, not every fleet's reconcile later
     # Progress and the last handled spec go to annotations: the CRDs' structural status schema would
     # prune kopf's default `status.kopf`. A finalizer of our own name guards SharedPrefix cleanup.
     settings.persistence.finalizer = f"{PREFIX}/cleanup"
