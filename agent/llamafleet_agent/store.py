@@ -97,7 +97,8 @@ class SnapshotStore:
             raise Refused("manifest", f"manifest names {manifest.name!r}, not {name!r}", 409)
         if not manifest_signed(manifest, self._key):
             self.discard(name, "signature")
-            raise Refused("signature", f"the manifest of {name} is not signed by an agent; deleted", 409)
+            # 404: the snapshot is gone now; a warmer that asks whether the pod holds it builds it again.
+            raise Refused("signature", f"the manifest of {name} is not signed by an agent; deleted", 404)
         return manifest
 
     def write_manifest(self, manifest: SnapshotManifest) -> SnapshotManifest:

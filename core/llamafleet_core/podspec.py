@@ -151,6 +151,7 @@ def agent_args(
     server_help_file: str | None = None,
     llama_api_key_file: str | None = None,
     peer_networks: Sequence[str] | None = None,
+    signing_key_file: str | None = None,
 ) -> list[str]:
     """`llamafleet agent`'s argv (after the subcommand).
 
@@ -188,4 +189,6 @@ def agent_args(
         args += ["--llama-api-key-file", llama_api_key_file]
     if peer_networks:  # where pulls may go; unset: the agent's default (private networks)
         args += ["--peer-networks", ",".join(peer_networks)]
+    if signing_key_file is not None:  # unset: the manifest key is derived from the agent token
+        args += ["--signing-key-file", signing_key_file]
     return args

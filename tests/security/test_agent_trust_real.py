@@ -46,6 +46,12 @@ async def stub() -> AsyncIterator[Stub]:
         yield s
 
 
+def agents_key(bed: Bed) -> bytes:
+    """The manifest key the fleet's agents sign with (from the secret `up` keeps in its state folder)."""
+    assert bed.fleet.manifest_key_file is not None
+    return manifest_key(bed.fleet.manifest_key_file.read_text().strip())
+
+
 def agent(bed: Bed, i: int) -> AgentClient:
     return AgentClient(bed.pod(i).layout.agent_url, bed.http, bed.fleet.agent_token)
 
@@ -111,7 +117,7 @@ async def test_a_peer_manifest_not_signed_by_an_agent_is_refused_counted_and_nev
     after = await agent_metric(bed, 0, "llamafleet_agent_untrusted_snapshots_total", reason="peer")
     assert after == before + 1
 
-    signed = sign_manifest(lie, manifest_key(bed.fleet.agent_token))
+    signed = sign_manifest(lie, agents_key(bed))
     stub.answers["/v1/snapshots/planted"] = (200, signed.model_dump_json().encode())
     assert (await agent(bed, 0).pull("planted", stub.url)).sha256 == hashlib.sha256(data).hexdigest()
 
@@ -168,7 +174,7 @@ async def test_a_peer_lying_about_size_evicts_nothing(bed: Bed, stub: Stub) -> N
     kept = sorted(m.name for m in await agent(bed, 0).list())
     assert {"keep-1", "keep-2"} <= set(kept)
 
-    key = manifest_key(bed.fleet.agent_token)
+    key = agents_key(bed)
     base = (await shared_manifest(bed, 1)).model_copy(update={"pinned": False})
     assert bed.fleet.resolved is not None
     budget = podspec.snapshot_budget_bytes(bed.fleet.resolved.spec)

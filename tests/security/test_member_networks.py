@@ -1,5 +1,5 @@
 """Finding 6 (the gateway's side): whoever can write the fleet membership in Redis must not choose where
-prompts and the agent token go.
+prompts and the agent token go. (And a pull is never sourced from another namespace's agent.)
 
 A member's address is free text in Redis. The gateway now accepts a member only when its `ip` is an IP
 literal inside `member_networks` (default: the private ranges) and its ports are ports; any other is
@@ -27,11 +27,15 @@ import pytest
 import redis.asyncio as aioredis
 from prometheus_client.parser import text_string_to_metric_families
 
+from llamafleet_core.agent_tokens import AgentTokens
 from llamafleet_core.membership import Member, write_members
 from llamafleet_core.networks import PRIVATE_NETWORKS, parse_networks
+from llamafleet_core.types import Endpoint, PodRef
 from llamafleet_local.redis_server import free_port
 from llamafleet_local.reliability.bed import until
 from llamafleet_router.discovery.addresses import refusal
+from llamafleet_router.discovery.base import PodStatus
+from llamafleet_router.snapshots.peers import peer_agents
 from tests.security.peer_stub import Stub, stub_server
 
 NS = "tenant-a"
@@ -58,6 +62,27 @@ def test_a_member_is_accepted_only_on_an_ip_literal_of_the_networks_with_real_po
         assert refusal(member("x", ip, 8080, 8081), private) == "address", ip
     assert refusal(member("x", "10.0.0.1", 0, 8081), private) == "port"
     assert refusal(member("x", "127.0.0.1", 8080, 8081), parse_networks(["127.0.0.0/8"])) is None
+
+
+def pod(uid: str, agent_url: str | None) -> PodStatus:
+    endpoint = Endpoint(pod=PodRef(name=uid, uid=uid, epoch=1), url=f"http://{uid}:8080", model="tiny",
+                        n_slots=2, agent_url=agent_url)
+    return PodStatus(endpoint=endpoint, props=None)
+
+
+def test_a_pull_source_is_only_ever_an_agent_of_the_targets_own_namespace() -> None:
+    """The target agent presents its own namespace's token to the source: the gateway never names an
+    agent of another namespace (another tenant's pod), nor one the membership does not place."""
+    tokens = AgentTokens("master", per_namespace=True)
+    a1, a2, b1 = "http://10.0.0.1:8081", "http://10.0.0.2:8081", "http://10.0.1.1:8081"
+    tokens.place({a1: "team-a", a2: "team-a", b1: "team-b"})
+    pods = [pod("a1", a1), pod("a2", a2), pod("b1", b1), pod("stray", "http://10.0.9.9:8081"),
+            pod("none", None)]
+    assert peer_agents(pods, pods[0].endpoint, tokens) == {"a1": a1, "a2": a2}
+    assert peer_agents(pods, pods[2].endpoint, tokens) == {"b1": b1}
+    assert peer_agents(pods, pods[3].endpoint, tokens) == {}  # an unplaced target pulls from nobody
+    static = AgentTokens("master")  # one token for all (`llamafleet up`): every agent is a peer
+    assert set(peer_agents(pods, pods[0].endpoint, static)) == {"a1", "a2", "b1", "stray"}
 
 
 @pytest.fixture

@@ -111,7 +111,8 @@ async def test_the_agent_refuses_to_read_through_links_and_for_that_reason_only(
     name = bed.fleet.results[PREFIX].snapshot
     real = (folder / f"{name}.bin").read_bytes()
     outside = tmp_path / "outside"
-    plant(folder, name, outside, manifest_key(bed.fleet.agent_token))
+    assert bed.fleet.manifest_key_file is not None
+    plant(folder, name, outside, manifest_key(bed.fleet.manifest_key_file.read_text().strip()))
 
     assert (await bed.http.get(f"{url}/v1/snapshots/copy/file", headers=auth)).content == real
     restored = await bed.http.post(f"{url}/v1/snapshots/copy/restore", json={"slot": 0}, headers=auth)

@@ -13,6 +13,8 @@ from pathlib import Path
 
 from llamafleet_core.agent_client import AgentClient, AgentError
 from llamafleet_core.llama_client import LlamaClient
+from llamafleet_core.snapshot import SnapshotManifest
+from llamafleet_core.snapshot_signing import manifest_key, sign_manifest
 from llamafleet_core.types import SlotRef
 from llamafleet_local.reliability.bed import PREFIX, Bed, kill, until
 from llamafleet_local.reliability.client import QUESTIONS, chat_body, send
@@ -26,9 +28,11 @@ SESSION = " ".join(f"Project note {i}: the service reads its settings from disk 
 DAMAGES = ("corrupt", "truncate", "other_model", "other_kv")
 
 
-def damage(folder: Path, name: str, how: str) -> None:
+def damage(folder: Path, name: str, how: str, key: bytes) -> None:
     """Break snapshot `name` in `folder`: flip bytes, cut the file, or make its manifest claim another
-    model digest or another KV cache type."""
+    model digest or another KV cache type. The manifest is signed again with the agents' `key`: the
+    case is a snapshot that does not fit (a pod restarted with other settings on the same volume),
+    not one that no agent wrote (refused for its signature: tests/security/test_agent_trust_real.py)."""
     binary, manifest_path = folder / f"{name}.bin", folder / f"{name}.json"
     if how == "corrupt":
         data = bytearray(binary.read_bytes())
@@ -39,9 +43,10 @@ def damage(folder: Path, name: str, how: str) -> None:
         binary.write_bytes(binary.read_bytes()[: binary.stat().st_size // 2])
     elif how in ("other_model", "other_kv"):
         manifest = json.loads(manifest_path.read_text())
-        key, value = ("model_sha256", "0" * 64) if how == "other_model" else ("cache_type_k", "q8_0")
-        manifest["fingerprint"][key] = value
-        manifest_path.write_text(json.dumps(manifest))
+        field, value = ("model_sha256", "0" * 64) if how == "other_model" else ("cache_type_k", "q8_0")
+        manifest["fingerprint"][field] = value
+        edited = sign_manifest(SnapshotManifest.model_validate(manifest), key)
+        manifest_path.write_text(edited.model_dump_json())
     else:
         raise ValueError(f"unknown damage {how!r}")
 
@@ -197,13 +202,15 @@ async def bad_snapshots(bed: Bed) -> ScenarioResult:
     blocks = json.loads((folder / f"{name}.json").read_text())["blocks"]
     backup = {p: p.read_bytes() for p in (folder / f"{name}.bin", folder / f"{name}.json")}
     agent = AgentClient(pod.layout.agent_url, bed.http, bed.fleet.agent_token)
-    llama = LlamaClient(uid, bed.http)
+    llama = LlamaClient(uid, bed.http, bed.fleet.pod_api_key)
+    assert bed.fleet.manifest_key_file is not None
+    agents_key = manifest_key(bed.fleet.manifest_key_file.read_text().strip())
     refused: dict[str, str] = {}
     accepted, results = 0, []
     await _hold(bed, 1, True)
     try:
         for n, how in enumerate(DAMAGES):
-            damage(folder, name, how)
+            damage(folder, name, how, agents_key)
             try:
                 await agent.restore(name, 0)
                 accepted += 1

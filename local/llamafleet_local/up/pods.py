@@ -79,14 +79,17 @@ def server_argv(binary: Path, spec: LlamaFleetSpec, pod: PodLayout, model: Path,
 
 
 def agent_args(spec: LlamaFleetSpec, pod: PodLayout, model: Path, fleet: str, token_file: Path,
-               features: ServerFeatures | None = None, api_key_file: Path | None = None) -> list[str]:
+               features: ServerFeatures | None = None, api_key_file: Path | None = None,
+               signing_key_file: Path | None = None) -> list[str]:
     """The agent's arguments after `llamafleet agent` (pure): exactly `podspec.agent_args`. Its peers
-    are on loopback here, so that is where its pulls may go."""
+    are on loopback here, so that is where its pulls may go; its manifest key comes from the state
+    folder (`state.manifest_key_file`), so that snapshots signed in one run verify in the next."""
     return podspec.agent_args(
         spec, port=pod.agent_port, server_url=pod.llama_url, snapshot_dir=str(pod.snapshot_dir),
         model_path=str(model), host=HOST, fleet=fleet, token_file=str(token_file),
         attach=attach(spec, features), peer_networks=LOOPBACK_NETWORKS,
         llama_api_key_file=str(api_key_file) if api_key_file is not None else None,
+        signing_key_file=str(signing_key_file) if signing_key_file is not None else None,
     )
 
 
@@ -111,10 +114,10 @@ class LocalPod:
     @classmethod
     def build(cls, pod: PodLayout, *, binary: Path, spec: LlamaFleetSpec, model: Path, fleet: str,
               token_file: Path, features: ServerFeatures | None = None,
-              api_key_file: Path | None = None) -> LocalPod:
+              api_key_file: Path | None = None, signing_key_file: Path | None = None) -> LocalPod:
         argv = server_argv(binary, spec, pod, model, features, api_key_file)
         server = Child(f"{pod.name} llama-server", argv, pod.log_dir / f"{pod.name}.llama-server.log")
-        args = agent_args(spec, pod, model, fleet, token_file, features, api_key_file)
+        args = agent_args(spec, pod, model, fleet, token_file, features, api_key_file, signing_key_file)
         agent = Child(f"{pod.name} agent", [*AGENT_COMMAND, *args], pod.log_dir / f"{pod.name}.agent.log",
                       env={"LLAMAFLEET_AGENT_POD_NAME": pod.name})
         return cls(pod, server, agent)

@@ -40,7 +40,7 @@ from llamafleet_local.up.procs import dying_with_parent
 from llamafleet_local.up.progress import FleetProgress, PrefixProgress, Reporter
 from llamafleet_local.up.resolve import Resolved, resolve
 from llamafleet_local.up.shutdown import Step, run_steps
-from llamafleet_local.up.state import StateLock, open_state, prefix_key
+from llamafleet_local.up.state import StateLock, manifest_key_file, open_state, prefix_key
 from llamafleet_local.up.supervise import missing_prefixes, require_all, supervise, warm_prefix
 
 EMBEDDED = "embedded"
@@ -94,6 +94,7 @@ class LocalFleet:
         self.resolved: Resolved | None = None
         self.state_dir: Path | None = None  # known once the model is (its digest names the folder)
         self.prefix_key = ""  # read from the state folder (state.prefix_key)
+        self.manifest_key_file: Path | None = None  # made in the state folder (state.manifest_key_file)
         self._state_lock: StateLock | None = None
 
     # --- lifecycle -------------------------------------------------------------------------------
@@ -145,6 +146,7 @@ class LocalFleet:
                                             digest=res.spec.model.sha256)
         self.state_dir = self._state_lock.state_dir
         self.prefix_key = prefix_key(self.state_dir)  # the gateway's and warming's block-hash key
+        self.manifest_key_file = manifest_key_file(self.state_dir)  # the agents' manifest signatures
         if self.state_dir != self.run_dir:
             self.reporter.say(f"state folder {self.state_dir} (the pods' snapshots, kept from run to run)")
         # Ports are chosen before the gateway starts, so that it can be told its pods.
@@ -153,7 +155,7 @@ class LocalFleet:
         self.pods = [
             LocalPod.build(lay, binary=res.binary, spec=res.spec, model=res.model, fleet=self.config.name,
                            token_file=self.token_file, features=res.features,
-                           api_key_file=self.pod_api_key_file)
+                           api_key_file=self.pod_api_key_file, signing_key_file=self.manifest_key_file)
             for lay in layouts
         ]
         await self._start_index()

@@ -15,6 +15,9 @@ anyway, and a fleet switched back to an earlier model finds its snapshots again.
     <state>/lock               held (flock) by the one `up` using the folder; it names that process
     <state>/prefix-key         the index's block-hash key (0600): kept, like the snapshots whose
                                block chains it made, so a later run's resync still finds them
+    <state>/manifest-key       the agents' manifest-signing secret (0600, `--signing-key-file`): the
+                               agent token is new at every run, and snapshots signed with a key
+                               derived from it would be refused (and deleted) by the next run
 
 Two runs in one folder would overwrite each other's files and evict each other's snapshots, so the
 second one is refused (`StateLocked`) while the first holds the lock. The kernel drops an flock when
@@ -37,6 +40,7 @@ from llamafleet_local.cache import cache_root
 DIGEST_CHARS = 16
 LOCK_FILE = "lock"
 PREFIX_KEY_FILE = "prefix-key"
+MANIFEST_KEY_FILE = "manifest-key"
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
 
@@ -51,6 +55,18 @@ def prefix_key(state_dir: Path) -> str:
     with os.fdopen(fd, "w") as out:
         out.write(key)
     return key
+
+
+def manifest_key_file(state_dir: Path) -> Path:
+    """`<state>/manifest-key`, made (random, 0600) the first time; the agents read it themselves."""
+    path = state_dir / MANIFEST_KEY_FILE
+    with contextlib.suppress(FileNotFoundError):
+        if path.read_text().strip():
+            return path
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(secrets.token_urlsafe(32))
+    return path
 
 
 class StateLocked(RuntimeError):

@@ -40,6 +40,7 @@ from llamafleet_router.snapshots.cuts import held_stage
 from llamafleet_router.snapshots.detached import DETACH_MAX_TAIL_CHARS, BorrowSlot, DetachedBuilds
 from llamafleet_router.snapshots.families import HeadFamilies
 from llamafleet_router.snapshots.first_sight import Flights, Prompt, StagedPrefill, StageFlights, StageKeys
+from llamafleet_router.snapshots.peers import peer_agents
 from llamafleet_router.snapshots.prime import PrimedSlots, Primer
 from llamafleet_router.snapshots.restore import Restored, RestoreExecutor, RestoreFailure
 from llamafleet_router.snapshots.resync import Resync
@@ -90,7 +91,7 @@ class SnapshotFlow:
         primed = self.primer.slots.take(decision.slot_ref)  # the request changes what the slot holds
         if decision.branch == "queued" or target.agent_url is None:
             return decision
-        agents = {p.endpoint.uid: p.endpoint.agent_url for p in pods if p.endpoint.agent_url}
+        agents = peer_agents(pods, target, self.config.tokens)  # same namespace only (peers.py)
         if decision.wanted is not None and self.config.ship:
             self.shipper.ship(req.model, decision.wanted, req.prompt.blocks[: decision.wanted.n_blocks],
                               target, agents)
