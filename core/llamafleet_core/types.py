@@ -7,6 +7,7 @@ and free of any client library so that `llamafleet_core` stays importable everyw
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import NamedTuple
@@ -81,16 +82,47 @@ class SnapshotRef:
     n_chars: int = 0
     text_hash: str = ""
 
-    def extended_by(self, text: str) -> bool:
-        """Whether `text` starts with exactly what this snapshot holds (unknown text: assume yes)."""
+    def extended_by(self, text: str, hasher: Callable[[str], str] | None = None) -> bool:
+        """Whether `text` starts with exactly what this snapshot holds (unknown text: assume yes).
+        `hasher`: the one its `text_hash` was made with (the fleet's key and the tenant's namespace)."""
         if not self.text_hash:
             return True
-        return len(text) >= self.n_chars and exact_text_hash(text[: self.n_chars]) == self.text_hash
+        if len(text) < self.n_chars:
+            return False
+        return (hasher or exact_text_hash)(text[: self.n_chars]) == self.text_hash
 
 
-def exact_text_hash(text: str) -> str:
-    """The identity of an exact prefix text (snapshots record it; the router checks requests against it)."""
-    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
+_TEXT_PERSON = b"llamafleet/text"
+
+
+def exact_text_hash(text: str, key: bytes = b"", namespace: str = "") -> str:
+    """The identity of an exact prefix text (snapshots record it, name themselves by it; the router checks
+    requests against it). Keyed with the fleet's `prefix_key` (`prefix_key_bytes`), so whoever reads the
+    index or a snapshot folder's names cannot test a guessed prompt offline; in a tenant `namespace`,
+    so two tenant groups never share a snapshot name or a first-sight flight. Neither: unkeyed, as
+    before (snapshots saved without a key keep their names)."""
+    data = text.encode("utf-8", "surrogatepass")
+    if not key and not namespace:
+        return hashlib.blake2b(data, digest_size=16).hexdigest()
+    scope = namespace.encode("utf-8", "surrogatepass")
+    h = hashlib.blake2b(len(scope).to_bytes(4, "big") + scope, digest_size=16, key=key, person=_TEXT_PERSON)
+    h.update(data)
+    return h.hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class TextHasher:
+    """`exact_text_hash` with one fleet key and one tenant namespace: what a request's prompt identity
+    hashes its exact prefixes with (`PromptIdentity.hasher`). The key is never printed."""
+
+    key: bytes = field(default=b"", repr=False)
+    namespace: str = ""
+
+    def __call__(self, text: str) -> str:
+        return exact_text_hash(text, self.key, self.namespace)
+
+
+UNKEYED = TextHasher()  # no key, the common namespace: the hashes of a fleet without `prefix_key`
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,7 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("llamafleet_local.demo", "replay agent sessions through a local fleet and a plain llama-server"),
     "bench": ("llamafleet_local.bench", "the seed table: llamafleet against llama-server and sglang-router"),
     "build-server": ("llamafleet_local.llama_build", "build (or find) the llama-server binary"),
-    "models": ("llamafleet_local.tinymodels", "write (or find) the tiny test models"),
+    "models": ("llamafleet_local.named_models", "write (or find) the tiny models; fetch the real ones"),
     "helm": ("llamafleet_local.helm", "fetch (or find) the helm, kubectl and hadolint binaries"),
     "reliability": ("llamafleet_local.reliability", "run the fault scenarios and print their figures"),
 }

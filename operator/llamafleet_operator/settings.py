@@ -7,14 +7,19 @@ turns them into clients.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated, Any
 
 from pydantic import Field, SecretStr, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from llamafleet_core.networks import check_networks
+from llamafleet_core.model_fleets import parse_model_fleets
+from llamafleet_core.networks import check_networks, split_list
 from llamafleet_core.prefix.hashing import prefix_key_bytes
 from llamafleet_core.settings_support import RedisUrl
 from llamafleet_operator.reconcile.admission import DEFAULT_EXTRA_ARGS, AdmissionPolicy
+from llamafleet_operator.release import default_agent_image
+
+PEER_KEYS = frozenset({"podSelector", "namespaceSelector", "ipBlock"})
 
 
 class OperatorSettings(BaseSettings):
@@ -54,6 +59,19 @@ class OperatorSettings(BaseSettings):
     own namespace (a policy without a namespace selector matches only pods of its own namespace)."""
     operator_namespace: str | None = Field(default=None, validation_alias="POD_NAMESPACE")
     """Where this operator runs (the downward API's POD_NAMESPACE); admitted like the gateway."""
+    metrics_peers: list[dict[str, Any]] = Field(default_factory=list)
+    """NetworkPolicyPeers (JSON) of your Prometheus: each fleet's NetworkPolicy admits them to the agent
+    port (its /metrics). Empty: nobody but the gateway, the operator and the fleet's own pods."""
+    metrics_server: bool = False
+    """Admit `metrics_peers` to llama-server's port too, for its own /metrics (`--metrics`). That port
+    also serves `/slots` and completions, so name only Prometheus there."""
+    agent_image: str = Field(default_factory=default_agent_image, min_length=1)
+    """The agent image of fleets that name none (`agentImage` unset): this operator's own release by
+    default, so upgrading the operator upgrades their agents. The chart sets its own image."""
+    model_fleets: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    """Comma-separated `model=namespace/name`: the gateway's `model_fleets` (one chart value,
+    `gateway.modelFleets`). A model name two managed fleets serve with no entry here sets
+    `ModelConflict` on each of them (the gateway refuses such a name)."""
 
     reconcile_interval_s: float = Field(default=30.0, gt=0)
     """Level-based re-check of every fleet (status, membership, drift of children)."""
@@ -81,6 +99,31 @@ class OperatorSettings(BaseSettings):
     @classmethod
     def _check_networks(cls, value: list[str]) -> list[str]:
         return check_networks(value)
+
+    @field_validator("metrics_peers")
+    @classmethod
+    def _check_metrics_peers(cls, value: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        for peer in value:
+            keys = set(peer)
+            if not keys or keys - PEER_KEYS or ("ipBlock" in keys and len(keys) > 1):
+                raise ValueError(f"metrics_peers: {peer} is not a NetworkPolicyPeer (podSelector and/or "
+                                 "namespaceSelector, or ipBlock alone)")
+        return value
+
+    @field_validator("model_fleets", mode="before")
+    @classmethod
+    def _split_model_fleets(cls, value: object) -> object:
+        return split_list(value)
+
+    @field_validator("model_fleets")
+    @classmethod
+    def _check_model_fleets(cls, value: list[str]) -> list[str]:
+        parse_model_fleets(value)
+        return value
+
+    def model_owners(self) -> dict[str, str]:
+        """`model_fleets` as {model: `namespace/name`}."""
+        return parse_model_fleets(self.model_fleets)
 
     def resolved_pod_api_key(self) -> str | None:
         if self.pod_api_key_file is None:

@@ -50,3 +50,21 @@ def get(conditions: Iterable[Cond] | None, type_: str) -> Cond | None:
 def is_true(conditions: Iterable[Cond] | None, type_: str) -> bool:
     cond = get(conditions, type_)
     return cond is not None and cond.get("status") == "True"
+
+
+def transitions(previous: Iterable[Cond] | None, current: Iterable[Cond],
+                types: Iterable[str]) -> list[tuple[bool, str]]:
+    """(bad, line) for each of `types` that turned True or changed while True (bad), or turned False
+    from True: the lines worth an event; a condition that says the same as before gives none."""
+    out = []
+    for type_ in types:
+        new, old = get(current, type_), get(previous, type_)
+        if new is None or (old is not None and all(old.get(k) == new.get(k)
+                                                    for k in ("status", "reason", "message"))):
+            continue
+        if new.get("status") == "True":
+            out.append((True, f"{type_} ({new.get('reason')}): {new.get('message')}"))
+        elif old is not None and old.get("status") == "True":
+            detail = f": {new['message']}" if new.get("message") else ""
+            out.append((False, f"{type_} cleared ({new.get('reason')}){detail}"))
+    return out

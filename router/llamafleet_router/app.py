@@ -34,6 +34,7 @@ from llamafleet_router.api.fields import FieldPolicy
 from llamafleet_router.api.gateway import Gateway
 from llamafleet_router.api.info import InfoRoutes, Readiness, http_error, server_error
 from llamafleet_router.api.limited import limiter_from_settings
+from llamafleet_router.api.models import ModelRoutes
 from llamafleet_router.api.openapi import openapi_endpoint
 from llamafleet_router.api.parse import Route as ParseRoute
 from llamafleet_router.auth import ApiKeys
@@ -230,6 +231,7 @@ def create_app(
     # Restore-on-miss and first-sight snapshots need the pods' agents: on when an agent token is set.
     gateway.enable_snapshots(SnapshotConfig.from_settings(settings))
     info = InfoRoutes(gateway, readiness)
+    models = ModelRoutes(gateway)
     unlocked = InfoRoutes(gateway, readiness, unlocked=True)  # the metrics port's
 
     @contextlib.asynccontextmanager
@@ -286,7 +288,8 @@ def create_app(
     app = GatewayApp(
         handler=gateway.infer,
         routes=[
-            Route("/v1/models", info.models, methods=["GET"]),
+            Route("/v1/models", models.list, methods=["GET"]),
+            Route("/v1/models/{model_id:path}", models.one, methods=["GET"]),
             Route("/health", info.health, methods=["GET"]),
             Route("/metrics", info.metrics, methods=["GET"]),
             Route("/openapi.json", openapi_endpoint, methods=["GET"]),

@@ -16,6 +16,8 @@ _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 
 #: eight still gives the distribution. The index lookup and the lease wait are observed every time.
 PLUGIN_SAMPLE_EVERY = 8
 _TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+# A whole answer may take minutes (a long generation after a first-sight build).
+_REQUEST_BUCKETS = (*_TTFT_BUCKETS, 300.0, 600.0)
 
 
 class _Sampled:
@@ -72,6 +74,23 @@ class RouterMetrics:
         self.upstream_ttft_seconds = Histogram(
             p + "upstream_ttft_seconds", "From forwarding to the first byte of the upstream's body.",
             ["model"], buckets=_TTFT_BUCKETS, registry=registry,
+        )
+        # What the client waits for, beside what the pod takes: the gap is the body read, scheduling, and
+        # the restores and first-sight builds that run before forwarding. By key NAME (from the settings:
+        # bounded), never by the key.
+        self.ttft_seconds = Histogram(
+            p + "ttft_seconds", "From the request's arrival at the gateway to the first byte of a successful "
+            "answer sent to the client (includes restores and first-sight builds), by model and key name.",
+            ["model", "key"], buckets=_TTFT_BUCKETS, registry=registry,
+        )
+        self.request_seconds = Histogram(
+            p + "request_seconds", "From the request's arrival at the gateway to the end of a successful "
+            "answer (read from the pod to its end), by model and key name.",
+            ["model", "key"], buckets=_REQUEST_BUCKETS, registry=registry,
+        )
+        self.output_tokens = Counter(
+            p + "output_tokens_total", "Tokens generated for the answers relayed (timings.predicted_n, else "
+            "usage), by model and key name.", ["model", "key"], registry=registry,
         )
         self.index_degraded = Gauge(
             p + "index_degraded", "1 while the prefix index is unreachable and routing falls back.",

@@ -20,26 +20,14 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
+from llamafleet_core.model_fleets import parse_model_fleets
 from llamafleet_router.errors import UNAVAILABLE, ApiError
 
 if TYPE_CHECKING:  # settings.py parses `model_fleets` here, and discovery imports settings
     from llamafleet_router.discovery.base import PodStatus
 
 _UNNAMED = "(static pods)"
-
-
-def parse_model_fleets(entries: Iterable[str]) -> dict[str, str]:
-    """`model=namespace/name` entries as {model: fleet}; ValueError naming a malformed or repeated one."""
-    mapping: dict[str, str] = {}
-    for text in entries:
-        model, sep, fleet = (part.strip() for part in text.partition("="))
-        namespace, slash, name = fleet.partition("/")
-        if not sep or not model or not slash or not namespace or not name or "/" in name:
-            raise ValueError(f"a model's fleet must be `model=namespace/name`: {text!r}")
-        if model in mapping and mapping[model] != fleet:
-            raise ValueError(f"model {model!r} is mapped to two fleets: {mapping[model]!r} and {fleet!r}")
-        mapping[model] = fleet
-    return mapping
+__all__ = ["ModelOwners", "model_conflict", "parse_model_fleets"]
 
 
 def model_conflict(model: str, fleets: Sequence[str]) -> ApiError:

@@ -21,6 +21,7 @@ from llamafleet_core.prefix import (
     chat_identity,
     completion_identity,
 )
+from llamafleet_router.api import responses
 from llamafleet_router.api.anthropic import to_chat_body
 from llamafleet_router.api.parse import ParsedRequest, Route
 from llamafleet_router.discovery.base import PodProps
@@ -70,7 +71,12 @@ class PromptRenderer:
             if parsed.route is Route.COMPLETIONS:
                 return completion_identity(parsed.body, model=model, block_chars=self.block_chars,
                                            namespace=namespace, key=self._key)
-            body = to_chat_body(parsed.body) if parsed.route is Route.MESSAGES else parsed.body
+            if parsed.route is Route.MESSAGES:
+                body = to_chat_body(parsed.body)
+            elif parsed.route is Route.RESPONSES:
+                body = responses.to_chat_body(parsed.body)  # routed like the chat request it becomes
+            else:
+                body = parsed.body
             return chat_identity(body, self.template(model, props), model=model, block_chars=self.block_chars,
                                  namespace=namespace, key=self._key)
         except PromptError as exc:

@@ -6,7 +6,8 @@
 - Other answers (including upstream errors) are relayed with their status and body.
 - A refused or timed-out connect raises `PodUnreachable` before anything was sent to the client, so the
   caller can mark the pod down and schedule again.
-- A stream that fails midway ends with an SSE error event instead of hanging.
+- A stream that fails midway ends with an SSE error event instead of hanging (`error_event`: in the
+  shape of the route's API).
 
 `on_finish(outcome, close)` is called exactly once per response, synchronously (also when the client
 disconnects and the relay is cancelled; for streams, as soon as the terminal event is read and before it
@@ -31,10 +32,19 @@ import aiohttp
 import httpx
 from starlette.responses import Response
 
-from llamafleet_router.errors import SERVER, ApiError
+from llamafleet_router.errors import SERVER, ApiError, sse_error_event
 from llamafleet_router.gone import GoneSignal, PodUnreachable, unless_gone
 from llamafleet_router.hooks import Outcome
-from llamafleet_router.relay import OnFinish, OnFirstByte, RelayResponse, head_of_stream, prepend, relay
+from llamafleet_router.relay import (
+    ErrorEvent,
+    OnAnswerStart,
+    OnFinish,
+    OnFirstByte,
+    RelayResponse,
+    head_of_stream,
+    prepend,
+    relay,
+)
 from llamafleet_router.sse import stats_from_body
 from llamafleet_router.upstream import GatewayClient
 
@@ -59,15 +69,19 @@ async def forward(
     extra_headers: Mapping[str, str] | None = None,
     give_up: GoneSignal | None = None,
     max_response_bytes: int | None = None,
+    on_answer_start: OnAnswerStart | None = None,
+    error_event: ErrorEvent = sse_error_event,
 ) -> Response:
     """Send `body` to `url` and relay the answer; `extra_headers` are added to the client's response
-    (the routing decision, for operators and tests). When `give_up` is set before the pod's first
+    (the routing decision, for operators and tests). `on_first_byte` gets the seconds from sending to
+    the pod's first byte; `on_answer_start` is called once a successful answer's first byte goes to
+    the client (a buffered answer's once it was read whole). When `give_up` is set before the pod's first
     byte (discovery found the pod hung or gone), PodUnreachable: the request goes elsewhere. A
     non-streamed answer larger than `max_response_bytes` is cut off: 502."""
     limit = max_response_bytes  # None: unbounded (tests of the proxy alone)
     if isinstance(http, GatewayClient):
         return await _forward_aiohttp(http.session(), url, body, headers, on_finish, on_first_byte,
-                                      extra_headers, give_up, limit)
+                                      extra_headers, give_up, limit, on_answer_start, error_event)
     request = http.build_request("POST", url, content=body, headers=dict(headers))
     started = time.perf_counter()
     try:
@@ -82,12 +96,13 @@ async def forward(
     if status >= 400 or not content_type.startswith("text/event-stream"):
         return await _answer_buffered(upstream.aiter_bytes(), upstream.aclose, httpx.HTTPError, status,
                                       upstream.headers.items(), started, on_finish, on_first_byte,
-                                      extra_headers, limit)
+                                      extra_headers, limit, on_answer_start)
     return RelayResponse(
         relay(upstream.aiter_raw(), status, upstream.aclose, httpx.HTTPError, started, on_finish,
-              on_first_byte),
+              on_first_byte, on_answer_start, error_event=error_event),
         status_code=status,
         headers={**response_headers(upstream.headers.items()), **(extra_headers or {})},
+        error_event=error_event,
     )
 
 
@@ -101,6 +116,8 @@ async def _forward_aiohttp(
     extra_headers: Mapping[str, str] | None,
     give_up: GoneSignal | None = None,
     limit: int | None = None,
+    on_answer_start: OnAnswerStart | None = None,
+    error_event: ErrorEvent = sse_error_event,
 ) -> Response:
     started = time.perf_counter()
     upstream, head = await unless_gone(give_up, _open(session, url, body, headers, on_finish))
@@ -112,13 +129,13 @@ async def _forward_aiohttp(
     if head is None:
         return await _answer_buffered(upstream.content.iter_any(), close, (aiohttp.ClientError, TimeoutError),
                                       status, upstream.headers.items(), started, on_finish, on_first_byte,
-                                      extra_headers, limit)
+                                      extra_headers, limit, on_answer_start)
     return RelayResponse(
         relay(prepend(head, upstream.content.iter_any()), status, close, aiohttp.ClientError, started,
-              on_finish, on_first_byte),
+              on_finish, on_first_byte, on_answer_start, error_event=error_event),
         status_code=status,
         headers={**response_headers(upstream.headers.items()), **(extra_headers or {})},
-        give_up=give_up,
+        give_up=give_up, error_event=error_event,
     )
 
 
@@ -185,6 +202,7 @@ async def _answer_buffered(
     on_first_byte: OnFirstByte | None,
     extra_headers: Mapping[str, str] | None,
     limit: int | None = None,
+    on_answer_start: OnAnswerStart | None = None,
 ) -> Response:
     """A non-streamed answer (an error status, or `stream: false`): read it whole, but never more than
     `limit` bytes (a larger one is given up at once, by its Content-Length or by counting, and the
@@ -197,6 +215,8 @@ async def _answer_buffered(
     try:
         content = await _read_bounded(chunks, _declared_length(upstream_headers), limit)
         outcome = _buffered_outcome(status, content)
+        if on_answer_start is not None and status < 400:
+            on_answer_start()  # before on_finish: an answer's start never comes after its end
     except errors as exc:
         outcome = Outcome(status=502, error=str(exc))
         raise _upstream_error("while answering", exc) from exc

@@ -28,6 +28,8 @@ log = logging.getLogger(__name__)
 
 OnFinish = Callable[[Outcome, Callable[[], Awaitable[None]]], None]
 OnFirstByte = Callable[[float], None]
+OnAnswerStart = Callable[[], None]
+ErrorEvent = Callable[[str], bytes]  # the SSE event ending a stream cut midway, in the route's shape
 
 
 class RelayResponse(StreamingResponse):
@@ -38,9 +40,11 @@ class RelayResponse(StreamingResponse):
     upstream connection closed, which stops the generation). The body iterator is always closed, so the
     relay's `finally` never waits for the garbage collector."""
 
-    def __init__(self, *args: Any, give_up: GoneSignal | None = None, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, give_up: GoneSignal | None = None,
+                 error_event: ErrorEvent = sse_error_event, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.give_up = give_up  # set when discovery marks the pod down (hung): end the stream
+        self.error_event = error_event
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         relay = asyncio.current_task()
@@ -81,7 +85,7 @@ class RelayResponse(StreamingResponse):
                 raise
             relay.uncancel()  # our own cancel: the client left, or the pod hangs
             if abandoned and not gone:
-                event = sse_error_event("The upstream server stopped answering mid-stream.")
+                event = self.error_event("The upstream server stopped answering mid-stream.")
                 await send({"type": "http.response.body", "body": event, "more_body": False})
         finally:
             streaming = False
@@ -96,7 +100,8 @@ class RelayResponse(StreamingResponse):
 # Bytes that show a stream has really started answering (generated text, a tool call, the end, or an
 # error); llama-server may send a role-only chunk before it has computed the prompt.
 _ANSWERING = (b'"content":"', b'"text":"', b'"reasoning_content":"', b'"tool_calls"', b"[DONE]",
-              b'"content_block_delta"', b'"error"', b'"timings"')
+              b'"content_block_delta"', b'"error"', b'"timings"', b'"response.output_text.delta"',
+              b'"response.output_item.added"')
 _HEAD_LIMIT = 64 * 1024
 
 
@@ -126,10 +131,15 @@ async def relay(
     started: float,
     on_finish: OnFinish,
     on_first_byte: OnFirstByte | None,
+    on_answer_start: OnAnswerStart | None = None,
+    *,
+    error_event: ErrorEvent = sse_error_event,
 ) -> AsyncIterator[bytes]:
     """Yield the upstream's body chunks unchanged while a tap reads them; report the end exactly once.
 
-    `errors` are the upstream client's failures: one midway ends the stream with an SSE error event."""
+    `errors` are the upstream client's failures: one midway ends the stream with an SSE error event.
+    `on_first_byte` gets the seconds since `started`; `on_answer_start` is called as the first chunk
+    goes to the client (both before the end is reported, when one chunk holds the whole answer)."""
     tap = SSETap()
     first = True
     completed = False
@@ -164,6 +174,8 @@ async def relay(
             async for chunk in chunks:
                 if first and on_first_byte is not None:
                     on_first_byte(time.perf_counter() - started)
+                if first and on_answer_start is not None:
+                    on_answer_start()
                 first = False
                 tap.feed(chunk)
                 if tap.finished and not completed:
@@ -179,7 +191,7 @@ async def relay(
             if not completed:
                 error = f"{type(exc).__name__}: {exc}"
                 log.warning("upstream stream failed midway", extra={"error": error})
-                yield sse_error_event(f"The upstream server failed midway: {type(exc).__name__}")
+                yield error_event(f"The upstream server failed midway: {type(exc).__name__}")
     finally:
         drained.set()
         finish()  # a no-op when the terminal event already finished it

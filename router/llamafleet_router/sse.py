@@ -27,7 +27,10 @@ _PARSE_WHOLE = 256 * 1024
 _TAIL_VALUE = 16 * 1024
 T = TypeVar("T")
 # Only events holding one of these keys can change what the tap reports (a JSON key is always quoted).
-_PARSED = (b'"timings"', b'"usage"', b'"error"', b'"message_stop"', b'"message_start"')
+_PARSED = (b'"timings"', b'"usage"', b'"error"', b'"message_stop"', b'"message_start"',
+           b'"response.completed"')
+# The last event of a stream without `[DONE]`: Anthropic's, and OpenAI Responses'.
+_LAST_EVENTS = frozenset({"message_stop", "response.completed"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +65,8 @@ def stats_from(obj: Any, previous: Stats | None = None) -> Stats | None:
         return previous
     if obj.get("type") == "message_start" and isinstance(obj.get("message"), Mapping):
         obj = obj["message"]  # Anthropic stream: usage sits inside the message object
+    elif obj.get("type") == "response.completed" and isinstance(obj.get("response"), Mapping):
+        obj = {**obj["response"], **obj}  # Responses stream: usage in the response, timings beside it
     stats = previous
     usage = obj.get("usage")
     if isinstance(usage, Mapping):
@@ -74,8 +79,15 @@ def stats_from(obj: Any, previous: Stats | None = None) -> Stats | None:
 
 
 def _from_usage(usage: Mapping[str, Any]) -> Stats:
-    if "cache_read_input_tokens" in usage or "input_tokens" in usage:
-        # Anthropic: input_tokens excludes the cached part.
+    details = usage.get("input_tokens_details")
+    if isinstance(details, Mapping):
+        # OpenAI Responses: input_tokens includes the cached part.
+        cached, given = _int(details.get("cached_tokens")), _int(usage.get("input_tokens"))
+        return Stats(cached, given - cached if given is not None and cached is not None else given,
+                     _int(usage.get("output_tokens")))
+    if "cache_read_input_tokens" in usage or "input_tokens" in usage or "output_tokens" in usage:
+        # Anthropic: input_tokens excludes the cached part. A stream's `message_delta` carries
+        # `output_tokens` alone: the generated count, merged into what `message_start` said.
         return Stats(_int(usage.get("cache_read_input_tokens")), _int(usage.get("input_tokens")),
                      _int(usage.get("output_tokens")))
     details = usage.get("prompt_tokens_details")
@@ -131,7 +143,7 @@ class SSETap:
         self.stats: Stats | None = None
         self.saw_error = False
         # The stream's last event has been seen (`[DONE]` for OpenAI routes, `message_stop` for
-        # Anthropic's): whatever follows is only the end of the HTTP body.
+        # Anthropic's, `response.completed` for Responses): whatever follows is only the end of the body.
         self.finished = False
         self._buf = b""
         self._pending_cr = False
@@ -184,6 +196,6 @@ class SSETap:
             return
         if isinstance(obj, Mapping) and "error" in obj:
             self.saw_error = True
-        if isinstance(obj, Mapping) and obj.get("type") == "message_stop":
+        if isinstance(obj, Mapping) and obj.get("type") in _LAST_EVENTS:
             self.finished = True
         self.stats = stats_from(obj, self.stats)

@@ -44,11 +44,12 @@ def test_dashboard_queries_only_exported_metrics() -> None:
 
 
 def test_dashboard_covers_what_operators_watch() -> None:
-    """TTFT, cached-token ratio, predicted vs actual reuse, decisions by action, restore counts and
-    times, warm prefixes per pod, degraded mode: each has a panel."""
+    """TTFT (upstream and client side), cached-token ratio, predicted vs actual reuse, decisions by
+    action, restore counts and times, warm prefixes per pod, degraded mode: each has a panel."""
     dashboard = json.loads(DASHBOARD.read_text())
     text = " ".join(expressions(dashboard))
-    for needle in ("upstream_ttft_seconds_bucket", "actual_cached_tokens_total", "prompt_tokens_total",
+    for needle in ("upstream_ttft_seconds_bucket", "router_ttft_seconds_bucket", "actual_cached_tokens_total",
+                   "prompt_tokens_total",
                    "predicted_cached_tokens_total", "sum by (action) (rate(llamafleet_router_decisions_total",
                    'llamafleet_agent_operations_total{op="restore"}',
                    'llamafleet_agent_operation_seconds_bucket{op="restore"}',

@@ -1,5 +1,6 @@
 """A fake llama-server for fuzzing the gateway: answers like the real one (health, props, slots, chat
-and text completions, JSON or SSE) in microseconds, so that thousands of generated requests cost seconds.
+and text completions, JSON or SSE; a token count, one embedding) in microseconds, so that thousands of
+generated requests cost seconds.
 
 What is fuzzed is the gateway's own parsing, auth, scheduling and proxying; what llama-server does with
 a body is the real-server tests' business. The fake records the `id_slot` of every body it received, and
@@ -154,6 +155,16 @@ def fake_pod(received: list[dict[str, Any]], hits: list[Hit] | None = None,
                                           "finish_reason": "stop"}],
                              "timings": TIMINGS, "id_slot": slot, "object": "chat.completion"})
 
+    async def count_tokens(request: Request) -> Response:
+        received.append(json.loads(await request.body()))
+        return JSONResponse({"input_tokens": 12})
+
+    async def embeddings(request: Request) -> Response:
+        received.append(json.loads(await request.body()))
+        usage = {"prompt_tokens": 2, "total_tokens": 2}
+        return JSONResponse({"object": "list", "model": MODEL, "usage": usage,
+                             "data": [{"object": "embedding", "index": 0, "embedding": [0.5, -0.5]}]})
+
     async def anything_else(request: Request) -> Response:
         return JSONResponse({"caught": f"{request.method} {request.url.path}"})
 
@@ -162,6 +173,9 @@ def fake_pod(received: list[dict[str, Any]], hits: list[Hit] | None = None,
         Route("/v1/chat/completions", infer, methods=["POST"]),
         Route("/v1/completions", infer, methods=["POST"]),
         Route("/v1/messages", infer, methods=["POST"]),
+        Route("/v1/responses", infer, methods=["POST"]),
+        Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
+        Route("/v1/embeddings", embeddings, methods=["POST"]),
         # Last: Starlette prefers a route matching path and method over one matching the path only.
         Route("/{rest:path}", anything_else, methods=_METHODS),
     ])

@@ -87,6 +87,7 @@ class Served:
     url: str = ""
     pod_url: str = ""
     app: Any = None
+    settings: RouterSettings | None = None
     received: list[dict[str, Any]] = field(default_factory=list)
     hits: list[Hit] = field(default_factory=list)  # every request the fake pod was asked
     streams: list[Stream] = field(default_factory=list)  # the fake pod's long streams (`fake_events`)
@@ -116,7 +117,9 @@ class Served:
 
 
 @contextlib.contextmanager
-def served_gateway(**kwargs: Any) -> Iterator[Served]:
+def served_gateway(pod: ASGIApp | None = None, **kwargs: Any) -> Iterator[Served]:
+    """The gateway over the fake pod, or over `pod` (any ASGI app served as the pod: a proxy to a real
+    llama-server), with `kwargs` as settings overrides (`gateway_settings`)."""
     served = Served()
     ready, stop = threading.Event(), None
     errors: list[BaseException] = []
@@ -126,9 +129,10 @@ def served_gateway(**kwargs: Any) -> Iterator[Served]:
         stop = asyncio.Event()
         served.loop = asyncio.get_running_loop()
         try:
-            async with serve(fake_pod(served.received, served.hits, served.streams)) as pod_url:
+            app = pod if pod is not None else fake_pod(served.received, served.hits, served.streams)
+            async with serve(app) as pod_url:
                 served.pod_url = pod_url
-                settings = gateway_settings(pod_url, **kwargs)
+                settings = served.settings = gateway_settings(pod_url, **kwargs)
                 served.app = app_for(settings)
                 # As `llamafleet router` serves it: request heads bounded by the settings (transport.py).
                 protocol = bounded_protocol(HeadBounds.from_settings(settings))

@@ -18,11 +18,13 @@ from schemathesis import GenerationMode
 from schemathesis.checks import negative_data_rejection, positive_data_acceptance
 
 from llamafleet_router.api.openapi import openapi_document
+from tests.fuzz.allow_list import off_the_list
 from tests.fuzz.served import AUTH, Served, served_gateway
 
 SCHEMA = schemathesis.openapi.from_dict(openapi_document())
-POSTS = [("/v1/chat/completions", "POST"), ("/v1/completions", "POST"), ("/v1/messages", "POST")]
-GETS = [("/v1/models", "GET"), ("/health", "GET"), ("/openapi.json", "GET")]
+POSTS = [("/v1/chat/completions", "POST"), ("/v1/completions", "POST"), ("/v1/messages", "POST"),
+         ("/v1/messages/count_tokens", "POST"), ("/v1/responses", "POST"), ("/v1/embeddings", "POST")]
+GETS = [("/v1/models", "GET"), ("/v1/models/{model_id}", "GET"), ("/health", "GET"), ("/openapi.json", "GET")]
 CASES = [(p, m, GenerationMode.POSITIVE) for p, m in POSTS + GETS] + [
     (p, m, GenerationMode.NEGATIVE) for p, m in POSTS]  # GETs take no input to violate
 # The gateway checks only what it relies on and passes the rest to llama-server, so "accepted a body the
@@ -49,9 +51,11 @@ def test_the_served_document_is_the_one_fuzzed(served: Served) -> None:
 def test_no_server_error_and_answers_conform_when_fuzzed(
     served: Served, path: str, method: str, mode: GenerationMode,
 ) -> None:
-    """Bounded schemathesis run: 0 5xx, 0 non-conforming answers, 0 leaked in-flight counts or leases."""
+    """Bounded schemathesis run: 0 5xx, 0 non-conforming answers, 0 leaked in-flight counts or leases,
+    0 bodies forwarded to the pod with a field outside the route's allow-list."""
     operation = SCHEMA[path][method]
     statuses: list[int] = []
+    before = len(served.received)  # the fake pod's bodies; this run's all went to `path`
 
     @FUZZ
     @given(case=operation.as_strategy(generation_mode=mode))
@@ -64,3 +68,5 @@ def test_no_server_error_and_answers_conform_when_fuzzed(
     run()
     assert statuses, "nothing was generated"
     assert served.leaks() == (0, 0)
+    assert served.settings is not None
+    assert off_the_list([(path, body) for body in served.received[before:]], served.settings, "fuzz") == []

@@ -2,7 +2,8 @@
 
 `gateway(...)` builds the app exactly as `llamafleet router` does (create_app + StaticDiscovery +
 the Redis index with its fail-fast client) and serves it with uvicorn on a loopback port. Pods may be
-given as `url|agent_url`; with `agent_token` the gateway's snapshot flow is on.
+given as `url|agent_url`; with `agent_token` the gateway's snapshot flow is on; with `prefix_key` its
+hashes (blocks, snapshot names, head families) are keyed.
 """
 
 from __future__ import annotations
@@ -44,12 +45,13 @@ class Gateway:
 @contextlib.asynccontextmanager
 async def gateway(
     pod_urls: Sequence[str], redis_url: str, *, prefix: str = "lf", http: httpx.AsyncClient | None = None,
-    poll_interval: float = 0.5, agent_token: str | None = None,
+    poll_interval: float = 0.5, agent_token: str | None = None, prefix_key: str | None = None,
 ) -> AsyncIterator[Gateway]:
     workdir = Path(tempfile.mkdtemp(prefix="gateway-bed-"))
     settings = RouterSettings(pods=",".join(pod_urls), redis_url=redis_url, poll_interval=poll_interval,
                               index_ping_interval=0.2, config_file=_patient_lookup(workdir),
                               agent_token=SecretStr(agent_token) if agent_token else None,
+                              prefix_key=SecretStr(prefix_key) if prefix_key else None,
                               expose_routing_headers=True)  # the tests read x-llamafleet-* (no keys here)
     client = connect_index(redis_url)
     index = RedisPrefixIndex(client, prefix=prefix)
@@ -97,6 +99,23 @@ async def _until_healthy(url: str, timeout: float = 60.0) -> None:
                 return
             await asyncio.sleep(0.1)
     raise AssertionError(f"the gateway at {url} did not see every pod ready within {timeout}s")
+
+
+async def settled(gw: Gateway, timeout: float = 60.0) -> None:
+    """Until the gateway has no request in flight, no slot held and no work off the request path left
+    (the index writes after a response, primes, detached builds, ships): what a test reads or changes
+    next is no longer moving. The finisher ends a request's count and spawns its after-response work
+    in one synchronous step, so no state between the two passes for settled."""
+    state = gw.app.state.gateway
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        left = {"in_flight": state.in_flight.total(), "tasks": len(state.tasks),
+                "slots_held": state.leases.held() if state.leases is not None else 0}
+        if not any(left.values()):
+            return
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"the gateway was still busy {timeout}s on: {left}")
+        await asyncio.sleep(0.02)
 
 
 @dataclass

@@ -6,6 +6,7 @@ over a loopback socket (peers pull across a real connection), and helpers to dam
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator
@@ -78,15 +79,47 @@ class DiesMidTransfer:
         await self.app(scope, receive, cut)
 
 
+class SaveGate:
+    """Wraps agent apps: while closed, slot saves wait at the gate. A first-sight build saves its first
+    stage after its first prefill, with every stage's flight open; a test holds it there to start what
+    must find the build under way, instead of guessing how long the prefill takes. Open by default."""
+
+    def __init__(self) -> None:
+        self._open = asyncio.Event()
+        self._open.set()
+        self._waiting = asyncio.Event()
+
+    def close(self) -> None:
+        self._open.clear()
+        self._waiting.clear()
+
+    def open(self) -> None:
+        self._open.set()
+
+    async def holding(self, timeout: float = 120.0) -> None:
+        """Until a save waits at the closed gate."""
+        await asyncio.wait_for(self._waiting.wait(), timeout)
+
+    def wrap(self, app: ASGIApp) -> ASGIApp:
+        async def gated(scope: Scope, receive: Receive, send: Send) -> None:
+            if scope["type"] == "http" and scope.get("path") == "/v1/snapshots/save":
+                while not self._open.is_set():
+                    self._waiting.set()
+                    await self._open.wait()
+            await app(scope, receive, send)
+        return gated
+
+
 @contextlib.asynccontextmanager
 async def agent_pod(
     start: StartLlamaServer, model: Path, name: str, root: Path, http: httpx.AsyncClient, *,
-    slots: int = 4, flaky: bool = False,
+    slots: int = 4, flaky: bool = False, saves: SaveGate | None = None, ctx: int | None = None,
 ) -> AsyncIterator[AgentPod]:
-    """A llama-server named `name` with its agent on a socket (`flaky`: the agent dies mid-transfer)."""
+    """A llama-server named `name` with its agent on a socket (`flaky`: the agent dies mid-transfer;
+    `saves`: its slot saves pass that gate; `ctx`: its `-c`, default the factory's)."""
     snapdir = root / "snapshots"
     snapdir.mkdir(parents=True, exist_ok=True)
-    server = start(model, slots=slots, slot_save_path=snapdir, extra_args=("-a", name, *SERVER_ARGS))
+    server = start(model, slots=slots, ctx=ctx, slot_save_path=snapdir, extra_args=("-a", name, *SERVER_ARGS))
     settings = AgentSettings(
         llama_url=server.url, snapshot_dir=snapdir, model_file=model, slots=slots, flash_attn="on",
         pod_name=root.name, model_name=name, peer_networks=list(LOOPBACK_NETWORKS),
@@ -94,6 +127,8 @@ async def agent_pod(
     app: Any = create_app(settings, llama=LlamaClient(server.url, http), http=http,
                           registry=CollectorRegistry(), token=TOKEN)
     served: Any = DiesMidTransfer(app) if flaky else app  # any ASGI app; uvicorn does not mind
+    if saves is not None:
+        served = saves.wrap(served)
     async with serve(served) as url:
         yield AgentPod(server, url, snapdir)
 
@@ -134,3 +169,15 @@ async def metric(http: httpx.AsyncClient, url: str, name: str, **labels: str) ->
         if ",".join(sorted(got.split(","))) == want or (not want and not got):
             return float(value)
     return 0.0
+
+
+async def metric_reaches(http: httpx.AsyncClient, url: str, name: str, want: float, *,
+                         timeout: float = 60.0, **labels: str) -> float:
+    """The gateway's sample once it is at least `want`, or what it is at the deadline (the caller's
+    assertion then says what never came)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while (got := await metric(http, url, name, **labels)) < want:
+        if asyncio.get_running_loop().time() > deadline:
+            return got
+        await asyncio.sleep(0.02)
+    return got

@@ -27,8 +27,16 @@ import pytest
 from llamafleet_core.types import SlotRef
 from llamafleet_local.workload import AgentProfile, WorkloadSpec, make_profile, user_question
 from tests.fixtures.llama import StartLlamaServer, TinyModels
-from tests.integration.gateway_bed import Answer, chat, gateway
-from tests.integration.snapshot_bed import TOKEN, AgentPod, agent_pod, damage, metric
+from tests.integration.gateway_bed import Answer, Gateway, chat, gateway, settled
+from tests.integration.snapshot_bed import (
+    TOKEN,
+    AgentPod,
+    SaveGate,
+    agent_pod,
+    damage,
+    metric,
+    metric_reaches,
+)
 
 pytestmark = [pytest.mark.llama, pytest.mark.redis]
 
@@ -68,16 +76,26 @@ async def _stream_until_first_byte(http: httpx.AsyncClient, url: str, body: dict
 
 
 async def _three_sessions(http: httpx.AsyncClient, url: str, profile: AgentProfile, name: str,
-                          rng: random.Random, *, during_prefill: bool) -> list[Answer]:
-    """Session 1 streams; 2 and 3 start while it prefills (`during_prefill`) or once it generates."""
+                          rng: random.Random, *, during_build: SaveGate | None = None) -> list[Answer]:
+    """Session 1 streams; 2 and 3 start once it generates, or (`during_build`: the pods' save gate)
+    while its first-sight build is held at its first save, which goes on once both wait for it."""
     started = asyncio.Event()
-    first = asyncio.create_task(_stream_until_first_byte(
-        http, url, profile.request(name, user_question(rng), max_tokens=48), started))
-    if during_prefill:
-        await asyncio.sleep(0.3)
-    else:
-        await asyncio.wait_for(started.wait(), 120)
-    later = [chat(http, url, profile.request(name, user_question(rng), max_tokens=8)) for _ in range(2)]
+    if during_build is not None:
+        during_build.close()
+    try:
+        first = asyncio.create_task(_stream_until_first_byte(
+            http, url, profile.request(name, user_question(rng), max_tokens=48), started))
+        if during_build is not None:
+            await during_build.holding()
+        else:
+            await asyncio.wait_for(started.wait(), 120)
+        later = [asyncio.create_task(chat(http, url, profile.request(name, user_question(rng), max_tokens=8)))
+                 for _ in range(2)]
+        if during_build is not None:
+            await metric_reaches(http, url, "llamafleet_router_snapshot_first_sight_total", 2, role="waiter")
+    finally:
+        if during_build is not None:
+            during_build.open()
     answers = await asyncio.gather(first, *later)
     return list(answers)
 
@@ -91,15 +109,16 @@ async def test_concurrent_sessions_reuse_the_prefix_when_on_one_pod_and_on_two_p
     http: httpx.AsyncClient,
 ) -> None:
     """The first session of a never-seen prefix snapshots it; the 2nd and 3rd reuse >= 95% of it, when
-    they start while the first generates (one pod) and while it still prefills (two pods: they wait for
-    its snapshot, and a session that lands on the other pod pulls it first)."""
+    they start while the first generates (one pod) and while it still builds it (two pods: they wait
+    for its snapshot, and a session that lands on the other pod pulls it first)."""
     name, path = model
     rng = random.Random(5)
-    async with agent_pod(start_llama_server, path, name, tmp_path / "a", http) as a, \
-            agent_pod(start_llama_server, path, name, tmp_path / "b", http) as b:
+    saves = SaveGate()
+    async with agent_pod(start_llama_server, path, name, tmp_path / "a", http, saves=saves) as a, \
+            agent_pod(start_llama_server, path, name, tmp_path / "b", http, saves=saves) as b:
         profile = make_profile(WorkloadSpec(prefix_chars=BIG, day=DAY))
         async with gateway([a.spec], redis_url, prefix=f"s1{name}", agent_token=TOKEN) as gw:
-            one = await _three_sessions(http, gw.url, profile, name, rng, during_prefill=False)
+            one = await _three_sessions(http, gw.url, profile, name, rng)
         assert all(x.status == 200 for x in one), one
         assert one[0].action == "compute/first_sight", one[0].action
         for x in one[1:]:
@@ -111,7 +130,7 @@ async def test_concurrent_sessions_reuse_the_prefix_when_on_one_pod_and_on_two_p
         # Another agent (other tools and rules): nothing of the first part's stages helps it.
         other = make_profile(WorkloadSpec(prefix_chars=BIG, day=DAY, seed=77, workspace="/home/dev/other"))
         async with gateway([a.spec, b.spec], redis_url, prefix=f"s2{name}", agent_token=TOKEN) as gw:
-            two = await _three_sessions(http, gw.url, other, name, rng, during_prefill=True)
+            two = await _three_sessions(http, gw.url, other, name, rng, during_build=saves)
             waiters = await metric(http, gw.url, "llamafleet_router_snapshot_first_sight_total",
                                    role="waiter")
             leaders = await metric(http, gw.url, "llamafleet_router_snapshot_first_sight_total",
@@ -122,13 +141,12 @@ async def test_concurrent_sessions_reuse_the_prefix_when_on_one_pod_and_on_two_p
         for x in two[1:]:
             assert x.cache_n >= 0.95 * _prefix_tokens(two[0]), (x.action, x.cache_n, two[0].prompt_tokens)
         layout = [(x.action, x.pod, x.slot, x.snapshot, x.cache_n) for x in two]
-        # Single flight: exactly one of the three sessions computes the prefix. Which one leads, and
-        # whether the others wait on its flight or arrive after its snapshot is recorded (a slow or
-        # busy machine), is timing; computing it twice is the defect.
+        # Single flight: exactly one of the three sessions computes the prefix; the two that started
+        # while it was being built waited for its snapshot.
         assert leaders == 1 and [x.action.startswith("compute/") for x in two].count(True) == 1, layout
-        assert waiters >= 1, ("a later session started while the prefix was being built", layout)
-        # Where sessions 2 and 3 land depends on timing (a stage snapshot saved early is local to pod a
-        # and preferred); a session on the other pod can only reuse the prefix by pulling it.
+        assert waiters == 2, ("both later sessions started while the prefix was being built", layout)
+        # Where sessions 2 and 3 land is the scheduler's choice; a session on a pod other than the
+        # leader's can only reuse the prefix by pulling it.
         on_b = [x for x in two if x.pod == b.server.url]
         assert not on_b or pulled >= 1, ([x.pod for x in two], pulled)
         assert all(x.action.startswith("restore/") for x in two[1:] if x.pod == b.server.url), two
@@ -377,16 +395,27 @@ async def test_first_sessions_of_two_workspaces_compute_their_shared_part_once(
     rng = random.Random(13)
     one = make_profile(WorkloadSpec(prefix_chars=SMALL, day=DAY, workspace="/home/dev/one"))
     two = make_profile(WorkloadSpec(prefix_chars=SMALL, day=DAY, workspace="/home/dev/two"))
-    async with agent_pod(start_llama_server, path, name, tmp_path / "a", http) as a, \
+    saves = SaveGate()
+    async with agent_pod(start_llama_server, path, name, tmp_path / "a", http, saves=saves) as a, \
             gateway([a.spec], redis_url, prefix=f"w{name}", agent_token=TOKEN) as gw:
         before = await _computed(http, a.server.url)
-        first = asyncio.create_task(chat(http, gw.url, one.request(name, user_question(rng), max_tokens=4)))
-        await asyncio.sleep(0.15)
-        second = await chat(http, gw.url, two.request(name, user_question(rng), max_tokens=4))
-        answers = [await first, second]
+        # The first's build stops at its first save, every stage's flight open: the second starts
+        # while the shared stages are being built, and the build goes on once it waits for them.
+        saves.close()
+        try:
+            first = asyncio.create_task(chat(http, gw.url, one.request(name, user_question(rng),
+                                                                       max_tokens=4)))
+            await saves.holding()
+            second = asyncio.create_task(chat(http, gw.url, two.request(name, user_question(rng),
+                                                                        max_tokens=4)))
+            await metric_reaches(http, gw.url, "llamafleet_router_snapshot_first_sight_total", 1,
+                                 role="stage_waiter")
+        finally:
+            saves.open()
+        answers = [await first, await second]
+        await settled(gw)  # a detached build of the second prefix's tail may still run
         stage_waiters = await metric(http, gw.url, "llamafleet_router_snapshot_first_sight_total",
                                      role="stage_waiter")
-        await asyncio.sleep(1.0)  # a detached build of the second prefix's tail may still run
         computed = await _computed(http, a.server.url) - before
     assert all(x.status == 200 for x in answers), answers
     prefix = _prefix_tokens(answers[0])
@@ -407,10 +436,10 @@ def _agreement(got: list[str], want: list[str]) -> float:
     return same / max(len(got), len(want))
 
 
-async def _fresh_slots(pod: AgentPod, gw: Any, name: str, http: httpx.AsyncClient) -> None:
+async def _fresh_slots(pod: AgentPod, gw: Gateway, name: str, http: httpx.AsyncClient) -> None:
     """Empty the pod's slots and the index's slot entries: the next request can reuse the prefix only
     through a snapshot."""
-    await asyncio.sleep(0.3)  # let the last response's index writes land first
+    await settled(gw)  # the last response's index writes (and primes) land first
     await pod.erase_slots(http)
     for slot in range(pod.server.slots):
         await gw.index.forget_slot(name, SlotRef(pod.server.url, slot))

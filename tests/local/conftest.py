@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from tests.local.sdk_bed import sdk_fleet
 from tests.local.up_bed import Up
 
 
@@ -18,3 +20,10 @@ def runs() -> Iterator[list[Up]]:
     finally:
         for up in started:
             up.terminate()
+
+
+@pytest.fixture(scope="package")
+def sdk_up(tmp_path_factory: pytest.TempPathFactory, llama_server_bin: Path) -> Iterator[Up]:
+    """One `up` with API keys for the SDK and request-metrics tests (`sdk_bed.py`), shared by them."""
+    with sdk_fleet(tmp_path_factory.mktemp("sdks"), llama_server_bin) as running:
+        yield running

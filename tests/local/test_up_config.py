@@ -85,6 +85,14 @@ def test_error_names_fleet_ref_when_prefix_points_at_another_fleet(tmp_path: Pat
     assert "spec.fleetRef.name" in message and "'other'" in message
 
 
+def test_error_names_text_from_when_a_prefix_references_a_config_map(tmp_path: Path) -> None:
+    """No cluster holds ConfigMaps in local mode: say so, rather than warm an empty prefix."""
+    message = error_of(tmp_path, FLEET.replace(
+        "messages: [{role: system, content: You are terse.}]",
+        "textFrom: {configMapKeyRef: {name: prompts, key: agent.txt}}"))
+    assert "SharedPrefix 'sys': spec.textFrom: needs a cluster" in message
+
+
 def test_error_when_local_mapping_is_missing_or_model_file_absent(tmp_path: Path) -> None:
     assert "local: required" in error_of(tmp_path, FLEET.replace("local:\n  model: tiny-dense\n", ""))
     message = error_of(tmp_path, FLEET.replace("model: tiny-dense", "model: nowhere.gguf"))

@@ -43,8 +43,10 @@ async def test_a_restarted_pod_that_cannot_be_warmed_is_not_routed_to_and_warmin
             return progress.restarts == 1 and progress.prefixes[PREFIX].pods[victim.name].state == "failed"
 
         assert await until(failed, 60.0) is not None, bed.log.getvalue()
-        # Discovery polls every 0.5 s: had the pod been declared ready, the gateway would route to it now.
-        await asyncio.sleep(2.0)
+        # What keeps it out of rotation: its llama-server answers, so discovery routes to it as soon as
+        # its agent's /ready (the routing gate) says 200; it must say 503 after the failed warming.
+        assert (await bed.http.get(victim.layout.llama_url + "/health")).status_code == 200
+        assert (await bed.http.get(victim.layout.agent_url + "/ready")).status_code == 503
         assert not await bed.pod_ready(1)
         assert not victim.ready and victim.name not in progress.pods_up and not progress.ready
         assert f"{victim.name} is NOT routable" in bed.log.getvalue()

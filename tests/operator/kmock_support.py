@@ -14,6 +14,7 @@ kopf against it; see measured.md):
 - `kind`, `apiVersion` and a real `resourceVersion` on lists;
 - finalizers and `deletionTimestamp`, and the garbage collector: deleting an object deletes the objects
   whose ownerReferences name its uid (what kube-controller-manager does in the background);
+- the 256 KiB limit on all of an object's annotations together (422 Invalid, as the API server answers);
 - the resources the operator touches, declared for discovery (core, apps, policy, networking, the CRDs).
 """
 
@@ -51,6 +52,8 @@ RESOURCES: tuple[tuple[str, str, bool, tuple[str, ...]], ...] = (
     ("llamafleet.io/v1alpha1/sharedprefixes", "SharedPrefix", True, ("status",)),
 )
 VERBS = {"get", "list", "watch", "create", "update", "patch", "delete"}
+# apimachinery's TotalAnnotationSizeLimitB: keys and values of all annotations, in bytes.
+ANNOTATIONS_LIMIT = 256 * 1024
 
 
 def _now() -> str:
@@ -197,6 +200,7 @@ class KubeEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
         if key in self.objects and not self.objects[key].deleted:
             raise k8s.KubernetesObjectConflictError()
         meta.update(uid=str(uuid.uuid4()), creationTimestamp=_now(), generation=1)
+        _check_annotations(body)
         self._stamp(body)
         if key in self.objects:
             self.objects[key].create(body)
@@ -247,6 +251,7 @@ class KubeEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
             new["metadata"] = {**new["metadata"], "generation": int(old["metadata"].get("generation", 1)) + 1}
         if new == old:
             return old
+        _check_annotations(new)
         self._stamp(new)
         self.objects[key].create(new)
         meta = new["metadata"]
@@ -314,6 +319,14 @@ async def _parse(raw: aiohttp.web.BaseRequest, id_: int) -> rendering.Request:
         action=action, resource=kmock.resource("v1/namespaces"), namespace=None, name=name or None,
         subresource=match.group(2),
     )
+
+
+def _check_annotations(obj: dict[str, Any]) -> None:
+    annotations = (obj.get("metadata") or {}).get("annotations") or {}
+    size = sum(len(k.encode()) + len(str(v).encode()) for k, v in annotations.items())
+    if size > ANNOTATIONS_LIMIT:
+        raise k8s.KubernetesError(status=422, reason="Invalid", message=(
+            f"metadata.annotations: Too long: may not be more than {ANNOTATIONS_LIMIT} bytes"))
 
 
 def _outside_meta(obj: dict[str, Any]) -> dict[str, Any]:

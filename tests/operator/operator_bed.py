@@ -117,7 +117,8 @@ def fleet_manifest(name: str = "tiny", **spec: Any) -> dict[str, Any]:
 async def create(api: KubeEmulator, manifest: dict[str, Any]) -> dict[str, Any]:
     kind = manifest["kind"]
     plural = {"LlamaFleet": "llamafleets", "SharedPrefix": "sharedprefixes"}[kind]
-    resp = await api.post(f"/apis/llamafleet.io/v1alpha1/namespaces/{NS}/{plural}", json=manifest)
+    namespace = manifest["metadata"].get("namespace") or NS
+    resp = await api.post(f"/apis/llamafleet.io/v1alpha1/namespaces/{namespace}/{plural}", json=manifest)
     assert resp.status == 201, await resp.text()
     return dict(await resp.json())
 

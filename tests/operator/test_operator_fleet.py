@@ -37,6 +37,10 @@ CHILDREN = (
 )
 
 
+PROMETHEUS = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+              "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}
+
+
 def settings(kubeconfig: str, **overrides: Any) -> OperatorSettings:
     values: dict[str, Any] = {"kubeconfig": kubeconfig, "namespaces": [NS], "reconcile_interval_s": 1.0,
                               "prefix_interval_s": 1.0, "agent_token_secret": "agent-token"}
@@ -87,7 +91,8 @@ async def test_network_policy_admits_gateway_and_operator_from_their_namespaces_
     async with emulated_api(tmp_path) as (api, kubeconfig):
         monkeypatch.setenv("KUBECONFIG", kubeconfig)
         monkeypatch.setenv("POD_NAMESPACE", "llamafleet-system")
-        async with running_operator(settings(kubeconfig, gateway_namespace="gateways")):
+        async with running_operator(settings(kubeconfig, gateway_namespace="gateways",
+                                             metrics_peers=[PROMETHEUS], metrics_server=True)):
             await create(api, fleet_manifest())
             policy = await eventually(
                 lambda: obj(api, kmock.resource("networking.k8s.io/v1/networkpolicies"), "tiny"),
@@ -99,6 +104,9 @@ async def test_network_policy_admits_gateway_and_operator_from_their_namespaces_
                 for peer in sources
             }
             assert namespaces == {"gateway": "gateways", "operator": "llamafleet-system"}
+            # Prometheus (issue 22: it was blocked from the agents' /metrics) reaches both metrics ports.
+            prometheus = [r for r in policy["spec"]["ingress"] if r["from"] == [PROMETHEUS]]
+            assert [sorted(p["port"] for p in r["ports"]) for r in prometheus] == [[8080, 8090]]
             # The status is patched after the children are applied: the policy can be seen first.
             full = await eventually(lambda: _with_status(obj(api, FLEETS, "tiny")), what="fleet status")
             conds = {c["type"]: c for c in full["status"]["conditions"]}
@@ -182,6 +190,9 @@ async def test_operator_converges_when_restarted_midway(
     ({"replicas": 0}, "spec.replicas"),
     ({"cacheTypeV": "q4_0", "flashAttention": "off"}, "cacheTypeV"),
     ({"model": {"name": "m", "file": "m.gguf", "source": {}}}, "model.source"),
+    # The fleet's own labels may not take the keys the operator selects its pods by.
+    ({"podTemplate": {"labels": {L.FLEET: "other"}}},
+     f"spec.podTemplate.labels: the operator sets and selects on {L.FLEET}"),
 ])
 async def test_invalid_spec_rejected_with_field_named_when_applied(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spec: dict[str, Any], field: str) -> None:

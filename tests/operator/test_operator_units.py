@@ -55,7 +55,8 @@ def test_fleet_status_degraded_when_a_pod_crash_loops() -> None:
     fleet = parse_fleet(fleet_manifest(replicas=1))
     status = fleet_status(fleet, [pod("a", waiting="CrashLoopBackOff")], None)
     degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
-    assert status["phase"] == "Degraded" and degraded["message"] == "a: llama-server CrashLoopBackOff"
+    assert status["phase"] == "Degraded" and degraded["reason"] == "CrashLoopBackOff"
+    assert degraded["message"] == "a: container llama-server keeps crashing"
 
 
 @pytest.mark.parametrize(("spec", "field"), [

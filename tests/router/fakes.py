@@ -83,6 +83,7 @@ class FakePod:
     stream_mode: dict[str, int] = field(default_factory=dict)  # fail_after / hang_after
     status: int = 200
     timings: dict[str, Any] | None = None
+    embeddings: bool = True  # started with `--embeddings` (else it answers llama-server's 501)
 
     def props(self) -> dict[str, Any]:
         return {
@@ -109,7 +110,10 @@ class FakePod:
             return httpx.Response(200, json=self.props())
         if request.method == "GET" and path == "/slots":
             return httpx.Response(200, json=self.slots())
-        if request.method == "POST" and path in ("/v1/chat/completions", "/v1/completions", "/v1/messages"):
+        if request.method == "POST" and path in ("/v1/messages/count_tokens", "/v1/embeddings"):
+            return self._direct(request)
+        if request.method == "POST" and path in ("/v1/chat/completions", "/v1/completions", "/v1/messages",
+                                                 "/v1/responses"):
             if self.refuse_inference:
                 raise httpx.ConnectError("connection refused", request=request)
             body = json.loads(request.content)
@@ -139,6 +143,20 @@ class FakePod:
                 },
             )
         return httpx.Response(404, json={"error": {"code": 404, "message": "File Not Found"}})
+
+    def _direct(self, request: httpx.Request) -> httpx.Response:
+        """A token count or an embedding (what llama-server answers, in its shape)."""
+        path = request.url.path
+        body = json.loads(request.content)
+        self.requests.append({"path": path, "body": body, "headers": dict(request.headers)})
+        if path == "/v1/messages/count_tokens":
+            return httpx.Response(200, json={"input_tokens": 42})
+        if not self.embeddings:
+            message = "This server does not support embeddings. Start it with `--embeddings`"
+            return httpx.Response(501, json={"error": {"code": 501, "message": message,
+                                                       "type": "not_supported_error"}})
+        return httpx.Response(200, json={"object": "list", "data": [
+            {"object": "embedding", "index": 0, "embedding": [0.25, -0.5]}]})
 
 
 class FakeFleet:

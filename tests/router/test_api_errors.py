@@ -1,4 +1,5 @@
-"""Every error the gateway answers itself is OpenAI-shaped; bad input is a 4xx, never a 5xx."""
+"""Every error the gateway answers itself is OpenAI-shaped (Anthropic-shaped on the Anthropic routes);
+bad input is a 4xx, never a 5xx."""
 
 from __future__ import annotations
 
@@ -23,6 +24,15 @@ def assert_openai_error(resp: httpx.Response, status: int) -> dict[str, Any]:
     assert set(err) >= {"message", "type", "param", "code"}
     assert isinstance(err["message"], str) and err["message"]
     return dict(err)
+
+
+def assert_anthropic_error(resp: httpx.Response, status: int, kind: str) -> str:
+    """Anthropic's `{"type": "error", "error": {"type", "message"}}`; returns the message."""
+    assert resp.status_code == status, resp.text
+    body = resp.json()
+    assert set(body) == {"type", "error"} and body["type"] == "error", body
+    assert body["error"]["type"] == kind and isinstance(body["error"]["message"], str), body
+    return str(body["error"]["message"])
 
 
 BAD_BODIES: list[tuple[str, str, bytes | str]] = [
@@ -55,6 +65,23 @@ BAD_BODIES: list[tuple[str, str, bytes | str]] = [
         json.dumps({"model": "tiny", "system": 3, "messages": [{"role": "user", "content": "x"}]}),
     ),
     ("/v1/messages", "missing messages", json.dumps({"model": "tiny", "max_tokens": 5})),
+    ("/v1/messages", "malformed json", b'{"model": "tiny", "messages": ['),
+    ("/v1/messages/count_tokens", "missing messages", json.dumps({"model": "tiny"})),
+    ("/v1/messages/count_tokens", "max_tokens", json.dumps(
+        {"model": "tiny", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]})),
+    ("/v1/responses", "missing input", json.dumps({"model": "tiny"})),
+    ("/v1/responses", "input a number", json.dumps({"model": "tiny", "input": 5})),
+    ("/v1/responses", "previous response", json.dumps({"model": "tiny", "input": "x",
+                                                      "previous_response_id": "resp_1"})),
+    ("/v1/responses", "web search tool", json.dumps({"model": "tiny", "input": "x",
+                                                    "tools": [{"type": "web_search"}]})),
+    ("/v1/responses", "json schema output", json.dumps({"model": "tiny", "input": "x", "text": {
+        "format": {"type": "json_schema", "name": "x", "schema": {}}}})),
+    ("/v1/responses", "no user item", json.dumps({"model": "tiny", "input": [
+        {"role": "system", "content": "x"}]})),
+    ("/v1/embeddings", "missing input", json.dumps({"model": "tiny"})),
+    ("/v1/embeddings", "empty input", json.dumps({"model": "tiny", "input": []})),
+    ("/v1/embeddings", "dimensions", json.dumps({"model": "tiny", "input": "x", "dimensions": 8})),
 ]
 
 
@@ -62,11 +89,13 @@ BAD_BODIES: list[tuple[str, str, bytes | str]] = [
 async def test_bad_input_gets_openai_400_when_body_is_invalid(
     make_app: AppFactory, fleet: FakeFleet, path: str, case: str, body: bytes | str
 ) -> None:
-    """Malformed or mistyped bodies are refused with 400 in OpenAI's shape; nothing reaches a pod."""
+    """Malformed or mistyped bodies are refused with 400 in the route's API shape; nothing reaches a pod."""
     async with app_client(make_app()) as client:
         resp = await client.post(path, content=body, headers={"content-type": "application/json"})
-    err = assert_openai_error(resp, 400)
-    assert err["type"] == "invalid_request_error"
+    if path.startswith("/v1/messages"):
+        assert_anthropic_error(resp, 400, "invalid_request_error")
+    else:
+        assert assert_openai_error(resp, 400)["type"] == "invalid_request_error"
     assert all(not pod.requests for pod in fleet.pods.values())
 
 
@@ -114,7 +143,7 @@ async def test_all_pods_down_gets_503_in_openai_shape(make_app: AppFactory, flee
         ("POST", "/infill"),
         ("POST", "/embedding"),
         ("GET", "/v1/slots"),
-        ("POST", "/v1/responses"),
+        ("POST", "/v1/responses/input_tokens"),
         ("GET", "/"),
         ("POST", "/v1/chat/completions/input_tokens"),
     ],

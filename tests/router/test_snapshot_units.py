@@ -152,13 +152,13 @@ def test_a_local_snapshot_is_preferred_to_the_same_one_on_a_peer() -> None:
 
 async def test_single_flight_has_one_leader_and_waiters_get_its_result() -> None:
     flights = Flights()
-    leader, fut = flights.join(("m", "h"))
-    second, same = flights.join(("m", "h"))
+    leader, fut = flights.join(("m", "", "h"))
+    second, same = flights.join(("m", "", "h"))
     assert leader and not second and fut is same
     ref = SnapshotRef("fs", "a", 1, 1, 1)
-    flights.finish(("m", "h"), ref)
+    flights.finish(("m", "", "h"), ref)
     assert await asyncio.wait_for(same, 1) == ref
-    again, _ = flights.join(("m", "h"))
+    again, _ = flights.join(("m", "", "h"))
     assert again and len(flights) == 1
 
 

@@ -55,6 +55,18 @@ def test_stats_from_usage_when_no_timings() -> None:
     assert stats_from(both) == Stats(3, 7, 1)
 
 
+def test_anthropic_stream_stats_take_the_generated_count_from_message_delta() -> None:
+    """llama-server's Anthropic stream says `output_tokens: 0` in `message_start` and the real count in
+    `message_delta`, alone in its usage: the tap ends with both halves."""
+    tap = SSETap()
+    tap.feed(b'event: message_start\ndata: {"type": "message_start", "message": {"usage": '
+             b'{"cache_read_input_tokens": 90, "input_tokens": 10, "output_tokens": 0}}}\n\n'
+             b'event: message_delta\ndata: {"type": "message_delta", "delta": {"stop_reason": "max_tokens"}, '
+             b'"usage": {"output_tokens": 6}}\n\n'
+             b'event: message_stop\ndata: {"type": "message_stop"}\n\n')
+    assert tap.finished and tap.stats == Stats(90, 10, 6)
+
+
 def test_stats_keep_the_prompt_time_from_timings_across_events() -> None:
     """`prompt_ms` (what the cost model learns from) comes from `timings` only, and a later event
     without it (usage alone) keeps it."""

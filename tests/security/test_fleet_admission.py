@@ -51,7 +51,7 @@ VALUES = ("admission.hostPathPrefixes={/models}", r"admission.images={registry\.
 BASE: dict[str, Any] = {
     "model": {"name": "m", "file": "m.gguf", "source": {"pvc": "models"}},
     "image": "registry.example/llama-server:cpu",
-    "agentImage": "llamafleet/llamafleet:0.1.0",  # the CRD default, applied before admission
+    "agentImage": "llamafleet/llamafleet:0.1.0",  # one the fleet chose (the CRD stores no default)
 }
 
 
@@ -101,6 +101,15 @@ CASES: dict[str, tuple[dict[str, Any], bool]] = {
     "preferred control-plane affinity": ({"affinity": _node_affinity(False)}, False),
     "the agent token as the API key": ({"apiKeySecretRef": {"name": TOKEN_SECRET}}, False),
     "another API key Secret": ({"apiKeySecretRef": {"name": "llama-key"}}, True),
+    "extra env for llama-server": ({"podTemplate": {"env": [{"name": "GGML_CUDA_NO_PINNED", "value": "1"}]}},
+                                   True),
+    "a llama-server flag through LLAMA_ARG_*": (
+        {"podTemplate": {"env": [{"name": "LLAMA_ARG_STATIC_PATH", "value": "/"}]}}, False),
+    "LD_PRELOAD": ({"podTemplate": {"env": [{"name": "LD_PRELOAD", "value": "/models/x.so"}]}}, False),
+    "the agent token in llama-server's env": ({"podTemplate": {"env": [
+        {"name": "T", "valueFrom": {"secretKeyRef": {"name": TOKEN_SECRET, "key": "token"}}}]}}, False),
+    "another Secret in llama-server's env": ({"podTemplate": {"env": [
+        {"name": "T", "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token"}}}]}}, True),
 }
 
 
@@ -276,7 +285,6 @@ def test_the_shipped_example_fleets_are_admitted(values: Path) -> None:
     fleets = [o for o in objs if o["kind"] == "LlamaFleet"]
     assert fleets
     for fleet in fleets:
-        fleet["spec"].setdefault("agentImage", LlamaFleetSpec.model_fields["agent_image"].default)
         assert RenderedPolicy(policy).refusals(fleet) == [], fleet["metadata"]["name"]
     example = yaml.safe_load((ROOT / "examples" / "llamafleet.yaml").read_text())
     policy_of_the_operator = OperatorSettings().admission_policy()

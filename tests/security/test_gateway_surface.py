@@ -2,7 +2,7 @@
 
 - without a key or with a wrong one: 401 on every inference and model route, the key never echoed;
 - a client's `id_slot` never reaches the pod: the router's slot does;
-- no llama-server route other than the three inference ones is reachable through the gateway: every
+- no llama-server route other than the inference ones is reachable through the gateway: every
   route registered in llama.cpp's server sources (read from the pinned tree, so a new upstream route is
   tested the day it appears) answers the gateway's own 404/405 or its own handler, and the pod never
   sees the request, whatever the path tricks (dot segments, encoded slashes, double slashes).
@@ -26,7 +26,8 @@ from llamafleet_local.llama_build import source_dir
 from tests.fuzz.fake_pod import Hit
 from tests.fuzz.served import API_KEY, AUTH, Served, served_gateway
 
-INFERENCE = {"/v1/chat/completions", "/v1/completions", "/v1/messages"}
+INFERENCE = {"/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/messages/count_tokens",
+             "/v1/responses", "/v1/embeddings"}
 OWN = {"/health", "/metrics", "/v1/models", "/openapi.json"}  # served by the gateway itself
 _ROUTE = re.compile(r'ctx_http\.(get|post|put|del)\s*\(\s*"([^"]+)"')
 CHAT = {"model": "fake", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
@@ -89,16 +90,23 @@ def test_the_route_list_is_read_from_llama_server_sources(routes: list[tuple[str
     assert len(routes) > 30
 
 
-@pytest.mark.parametrize("path", [*sorted(INFERENCE), "/v1/models"])
+BODIES = {"/v1/completions": {"model": "fake", "prompt": "hi", "max_tokens": 2},
+          "/v1/messages/count_tokens": {"model": "fake", "messages": [{"role": "user", "content": "hi"}]},
+          "/v1/responses": {"model": "fake", "input": "hi", "max_output_tokens": 2},
+          "/v1/embeddings": {"model": "fake", "input": "hi"}}
+
+
+@pytest.mark.parametrize("path", [*sorted(INFERENCE), "/v1/models", "/v1/models/fake"])
 def test_requests_get_401_when_the_key_is_missing_or_wrong(served: Served, path: str) -> None:
-    method = "GET" if path == "/v1/models" else "POST"
-    body = {"model": "fake", "prompt": "hi", "max_tokens": 2} if path == "/v1/completions" else CHAT
+    method = "GET" if path.startswith("/v1/models/") or path == "/v1/models" else "POST"
+    body = BODIES.get(path, CHAT)
     for headers in ({}, {"Authorization": "Bearer wrong-key"}, {"x-api-key": "wrong-key"},
                     {"Authorization": f"Basic {API_KEY}"}, {"Authorization": f"Bearer {API_KEY}x"}):
         resp = httpx.request(method, served.url + path, json=body, headers=headers, timeout=10)
         assert resp.status_code == 401, (path, headers, resp.status_code)
         assert "wrong-key" not in resp.text and API_KEY not in resp.text
         assert resp.json()["error"]["type"] in ("invalid_request_error", "authentication_error")
+        assert path.startswith("/v1/messages") == (resp.json().get("type") == "error")  # Anthropic's
     ok = httpx.request(method, served.url + path, json=body, headers={"x-api-key": API_KEY}, timeout=10)
     assert ok.status_code == 200
 

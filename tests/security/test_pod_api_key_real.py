@@ -38,7 +38,8 @@ async def test_key_protected_pods_are_warmed_discovered_and_served(bed: Bed) -> 
     assert key, "the fleet sets apiKeySecretRef"
     auth = {"Authorization": f"Bearer {key}"}
     for pod in bed.fleet.pods:
-        for path in ("/slots", "/props"):
+        # /metrics too: the chart's llama-server PodMonitor must send the key (metrics.serverPodMonitor).
+        for path in ("/slots", "/props", "/metrics"):
             assert (await bed.http.get(pod.layout.llama_url + path)).status_code == 401, path
             assert (await bed.http.get(pod.layout.llama_url + path, headers=auth)).status_code == 200, path
 

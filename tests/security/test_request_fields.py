@@ -18,8 +18,9 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from openai.types import completion_create_params
+from openai.types import completion_create_params, embedding_create_params
 from openai.types.chat import completion_create_params as chat_create_params
+from openai.types.responses import response_create_params
 from pydantic import SecretStr, ValidationError
 
 from llamafleet_local.hermes_layout import hermes_profile, load_layout
@@ -35,7 +36,10 @@ from tests.security.test_bad_input_real import MODEL, POD_500
 CHAT = {"model": "fake", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
 PROMPT = {"model": "fake", "max_tokens": 2, "prompt": "hi"}
 MESSAGES = {"model": "fake", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
-BODIES = {Route.CHAT: CHAT, Route.COMPLETIONS: PROMPT, Route.MESSAGES: MESSAGES}
+BODIES = {Route.CHAT: CHAT, Route.COMPLETIONS: PROMPT, Route.MESSAGES: MESSAGES,
+          Route.COUNT_TOKENS: {"model": "fake", "messages": [{"role": "user", "content": "hi"}]},
+          Route.RESPONSES: {"model": "fake", "max_output_tokens": 2, "input": "hi"},
+          Route.EMBEDDINGS: {"model": "fake", "input": "hi"}}
 # anthropic's MessageCreateParams (its SDK is not a dependency of this project): every body field.
 ANTHROPIC_PARAMS = {
     "max_tokens", "messages", "model", "cache_control", "container", "inference_geo", "metadata",
@@ -70,6 +74,11 @@ def test_the_allow_list_holds_every_field_of_the_official_sdks() -> None:
     assert text <= ALLOWED[Route.COMPLETIONS], text - ALLOWED[Route.COMPLETIONS]
     messages = ANTHROPIC_PARAMS
     assert messages <= ALLOWED[Route.MESSAGES], messages - ALLOWED[Route.MESSAGES]
+    # Responses: every field is let through to `responses.py`, which refuses by name what it cannot do.
+    responses = set(response_create_params.ResponseCreateParamsBase.__annotations__) | {"stream"}
+    assert responses <= ALLOWED[Route.RESPONSES], responses - ALLOWED[Route.RESPONSES]
+    embeddings = set(embedding_create_params.EmbeddingCreateParams.__annotations__)
+    assert embeddings <= ALLOWED[Route.EMBEDDINGS], embeddings - ALLOWED[Route.EMBEDDINGS]
 
 
 @pytest.mark.parametrize("route", list(Route))

@@ -215,3 +215,32 @@ URL), and lets it read nothing.
   resources: ["events"]
   verbs: ["create"]
 {{- end }}
+
+{{- /* metrics.prometheus as a JSON list of one NetworkPolicyPeer (only the selectors given), or "". */ -}}
+{{- define "llamafleet.metricsPeers" -}}
+{{- $p := .Values.metrics.prometheus }}
+{{- $peer := dict }}
+{{- with $p.namespaceSelector }}{{ $_ := set $peer "namespaceSelector" . }}{{ end }}
+{{- with $p.podSelector }}{{ $_ := set $peer "podSelector" . }}{{ end }}
+{{- if $peer }}{{ list $peer | toJson }}{{ end }}
+{{- end }}
+
+{{- /* The Secrets the chart generates because the values give none, as `- value: what` lines (secrets.yaml). */ -}}
+{{- define "llamafleet.generatedSecrets" -}}
+{{- if not (or .Values.agentToken.existingSecret .Values.agentToken.value) }}
+- agentToken.existingSecret: the master agent token (Secret key `token`)
+{{- end }}
+{{- $r := .Values.redis }}
+{{- if and $r.enabled $r.auth.enabled (not $r.auth.existingSecret) }}
+- redis.auth.existingSecret: the bundled Redis's password (key `password`)
+{{- end }}
+{{- $k := .Values.gateway.apiKeys }}
+{{- if and .Values.gateway.enabled $k.enabled (not $k.existingSecret) (not $k.keys) }}
+- gateway.apiKeys.existingSecret: the gateway's API keys (key `api-keys`, one name:key line each)
+{{- end }}
+{{- end }}
+
+{{- /* Annotations of a generated Secret (the argument: whether it is generated), as YAML. */ -}}
+{{- define "llamafleet.keepGenerated" -}}
+{{- if . }}helm.sh/resource-policy: keep{{ end }}
+{{- end }}

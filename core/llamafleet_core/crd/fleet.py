@@ -11,7 +11,9 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
+from llamafleet_core.crd import rules
 from llamafleet_core.crd.base import Condition, CRModel, Name, Quantity, Resource, StatusModel
+from llamafleet_core.crd.pod import PodTemplate
 
 # llama.cpp's accepted KV cache types (`kv_cache_types` in common/arg.cpp), by ggml type name.
 CacheType = Literal["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"]
@@ -127,11 +129,16 @@ class PrefixSharing(CRModel):
 class LlamaFleetSpec(CRModel):
     """Desired state of a fleet of llama-server pods."""
 
+    # The cross-field rules of `_consistent`, also in CEL, so that the API server rejects a bad spec.
+    model_config = CRModel.model_config | {
+        "json_schema_extra": rules.validations(rules.FLEET_SPEC_RULES)}
+
     model: ModelSpec
     image: str = Field(min_length=1)
     """The llama-server image; its entrypoint must be llama-server."""
-    agent_image: str = Field(default="llamafleet/llamafleet:0.1.0", min_length=1)
-    """The image with the `llamafleet` command (the snapshot agent sidecar)."""
+    agent_image: str | None = Field(default=None, min_length=1)
+    """The image with the `llamafleet` command (the snapshot agent sidecar). Unset: the operator's own
+    release, chosen when it renders (no stored default), so upgrading the operator upgrades the agents."""
     replicas: int = Field(default=1, ge=1, le=256)
     slots: int = Field(default=4, ge=1, le=64)
     """llama-server slots per pod (`-np`)."""
@@ -159,6 +166,8 @@ class LlamaFleetSpec(CRModel):
     affinity: dict[str, Any] | None = None
     resources: dict[str, Any] | None = None
     """Container resources of llama-server (requests/limits); GPU limits are added from `gpu`."""
+    pod_template: PodTemplate = Field(default_factory=PodTemplate)
+    """Pull secrets, runtime and priority class, llama-server's extra env, labels and annotations."""
     snapshots: SnapshotStorage = Field(default_factory=SnapshotStorage)
     prefix_sharing: PrefixSharing = Field(default_factory=PrefixSharing)
     workload: WorkloadKind = "Deployment"
@@ -170,18 +179,16 @@ class LlamaFleetSpec(CRModel):
     @model_validator(mode="after")
     def _consistent(self) -> LlamaFleetSpec:
         if self.cache_type_v not in UNQUANTIZED and self.flash_attention == "off":
-            raise ValueError(
-                f"cacheTypeV: a quantized V cache ({self.cache_type_v}) needs flashAttention: on")
+            raise ValueError(f"{rules.QUANTIZED_V_NEEDS_FA} (got {self.cache_type_v})")
         if self.prefix_sharing.attach == "on" and not self.kv_unified:
-            raise ValueError("prefixSharing.attach: on needs kvUnified: true (slots share one KV pool)")
+            raise ValueError(rules.ATTACH_NEEDS_UNIFIED)
         if self.prefix_sharing.cache_prefix == "on" and self.cache_ram_mib == 0:
-            raise ValueError("prefixSharing.cachePrefix: on needs the RAM prompt cache (cacheRamMiB not 0)")
+            raise ValueError(rules.CACHE_PREFIX_NEEDS_RAM)
         if self.context_total is not None and not self.kv_unified:
-            raise ValueError("contextTotal: only meaningful with kvUnified: true")
+            raise ValueError(rules.CONTEXT_TOTAL_NEEDS_UNIFIED)
         snaps = self.snapshots
         if snaps.storage == "pvc" and self.workload == "Deployment" and snaps.pvc_name is None:
-            raise ValueError("snapshots.pvcName: required for storage pvc with a Deployment "
-                             "(or use workload: StatefulSet for a claim per pod)")
+            raise ValueError(rules.PVC_NEEDS_NAME)
         return self
 
     @property

@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
+from llamafleet_core.crd import rules
 from llamafleet_core.crd.base import Condition, CRModel, Name, Resource, StatusModel
 
 
@@ -25,22 +26,25 @@ class Message(CRModel):
     """Only system-side messages: the prefix ends where the first user message would start."""
 
 
+class ConfigMapKeyRef(CRModel):
+    name: Name
+    """A ConfigMap in the SharedPrefix's namespace."""
+    key: str = Field(min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")
+    """The key of its `data` that holds the text."""
+
+
+class TextSource(CRModel):
+    """Where the raw text lives when it is too large to inline: a ConfigMap's data is no annotation, so
+    client-side `kubectl apply` copies only this reference into `last-applied-configuration`."""
+
+    config_map_key_ref: ConfigMapKeyRef
+
+
 class SharedPrefixSpec(CRModel):
     """Tools plus system messages (rendered with the model's template), or raw text used as is."""
 
     model_config = CRModel.model_config | {
-        "json_schema_extra": {
-            "x-kubernetes-validations": [{
-                "rule": "!has(self.text) || ((!has(self.messages) || size(self.messages) == 0) "
-                        "&& (!has(self.tools) || size(self.tools) == 0))",
-                "message": "text is exclusive with messages and tools",
-            }, {
-                "rule": "has(self.text) || (has(self.messages) && size(self.messages) > 0) "
-                        "|| (has(self.tools) && size(self.tools) > 0)",
-                "message": "set messages, tools or text",
-            }]
-        }
-    }
+        "json_schema_extra": rules.validations(rules.PREFIX_SPEC_RULES)}
 
     fleet_ref: FleetRef
     tools: list[dict[str, Any]] = Field(default_factory=list)
@@ -48,6 +52,8 @@ class SharedPrefixSpec(CRModel):
     messages: list[Message] = Field(default_factory=list)
     text: str | None = Field(default=None, min_length=1)
     """A raw prompt prefix, tokenized as is; exclusive with messages and tools."""
+    text_from: TextSource | None = None
+    """The raw text read from a ConfigMap instead (re-read on every reconcile); exclusive with text."""
     template_kwargs: dict[str, Any] = Field(default_factory=dict)
     """Extra chat-template variables (e.g. enable_thinking), as clients pass chat_template_kwargs."""
     pin: bool = True
@@ -55,10 +61,13 @@ class SharedPrefixSpec(CRModel):
 
     @model_validator(mode="after")
     def _messages_xor_text(self) -> SharedPrefixSpec:
-        if self.text is not None and (self.messages or self.tools):
-            raise ValueError("text: exclusive with messages and tools; set one or the other")
-        if self.text is None and not self.messages and not self.tools:
-            raise ValueError("messages: set messages, tools or text")
+        raw = self.text is not None or self.text_from is not None
+        if self.text is not None and self.text_from is not None:
+            raise ValueError(rules.TEXT_OR_TEXT_FROM)
+        if raw and (self.messages or self.tools):
+            raise ValueError(rules.TEXT_EXCLUSIVE)
+        if not raw and not self.messages and not self.tools:
+            raise ValueError(rules.PREFIX_EMPTY)
         return self
 
 

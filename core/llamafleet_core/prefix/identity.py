@@ -32,7 +32,7 @@ from typing import Any, Literal
 from llamafleet_core.prefix.hashing import BLOCK_CHARS, block_chain, extend_chain, namespaced_seed, prefix_tag
 from llamafleet_core.prefix.substitute import substituted
 from llamafleet_core.prefix.template import ChatTemplate, PromptError, canonical_render, render_chat
-from llamafleet_core.types import PromptTags
+from llamafleet_core.types import UNKEYED, PromptTags, TextHasher
 
 RenderedBy = Literal["template", "fallback", "raw"]
 _SPECIAL = re.compile(r"<\|[^\s<>|]{1,64}\|>")
@@ -59,6 +59,9 @@ class PromptIdentity:
     # from it inside a block. None when unknown.
     head_tag: str | None = None
     conversation_tag: str | None = None
+    # What the exact prefixes of `text` are hashed with (snapshot names, head families, first-sight
+    # flights): the same key and namespace as `blocks`.
+    hasher: TextHasher = UNKEYED
 
     @property
     def shared_chars(self) -> int:
@@ -192,8 +195,8 @@ def chat_identity(
 ) -> PromptIdentity:
     """Identity of a `/v1/chat/completions` body. Raises only `PromptError` (no usable `messages`).
     `substitute=False` always renders the whole prompt (the reference the fast path is tested against).
-    `namespace` (a tenant group) and `key` (the fleet's hash key) change the hashes, never the text
-    (`hashing.py`)."""
+    `namespace` (a tenant group) and `key` (the fleet's hash key) change the hashes (block chain, tags
+    and `hasher`), never the text (`hashing.py`)."""
     if not isinstance(body, Mapping):
         raise PromptError("the request body must be a JSON object")
     messages = body.get("messages")
@@ -228,7 +231,7 @@ def chat_identity(
     except (ValueError, TypeError, RecursionError) as exc:  # e.g. block_chars <= 0, unencodable seed
         raise PromptError(str(exc)) from exc
     return PromptIdentity(model, rendered.text, blocks, block_chars, cut, rendered.path, shared, head,
-                          conversation)
+                          conversation, TextHasher(key, namespace))
 
 
 def first_message_end(text: str, start: int, markers: Sequence[str] | None = None) -> int:
@@ -266,4 +269,5 @@ def completion_identity(
     except (ValueError, TypeError) as exc:
         raise PromptError(str(exc)) from exc
     rendered_by: RenderedBy = "raw" if by == "raw" else "fallback"
-    return PromptIdentity(model, text, blocks, block_chars, len(text), rendered_by)
+    return PromptIdentity(model, text, blocks, block_chars, len(text), rendered_by,
+                          hasher=TextHasher(key, namespace))

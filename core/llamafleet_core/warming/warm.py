@@ -116,7 +116,8 @@ async def warm_shared_prefix(
     tokens or more (a slot's context: no slot could hold it and still answer). Pod trouble of any kind
     is a failed pod in the result, and never stops the others. No pod seeded: the result's `snapshot`
     is empty, so nobody records or requires a snapshot that exists nowhere. `prefix_key`: the routers'
-    block-hash key (`prefix_key_bytes`), so the chain recorded is the one they look up.
+    block-hash key (`prefix_key_bytes`), so the chain and the text hash recorded are the ones they
+    look up and check.
     """
     track = _Tracker(pods, progress)
     pcs = [steps.clients(p, http, agent_token) for p in pods]
@@ -125,7 +126,7 @@ async def warm_shared_prefix(
         for i in range(len(pods)):
             track.fail(i, "no pod answered /props to render the prefix")
         return WarmResult("", 0, "", 0, 0, track.states, source.model)
-    text_hash = exact_text_hash(text)
+    text_hash = exact_text_hash(text, prefix_key)  # the gateway's identity of it (common namespace)
     name = snapshot_name(source, text_hash)
     blocks = prefix_blocks(source, text, block_chars, prefix_key)
     result = WarmResult(name, 0, text_hash, 0, len(text), track.states, source.model, blocks)

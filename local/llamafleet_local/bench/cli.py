@@ -21,12 +21,19 @@ from typing import Any
 from llamafleet_local.bench import report
 from llamafleet_local.bench.run import Plan, run_model
 from llamafleet_local.bench.setups import SETUPS
+from llamafleet_local.named_models import NAMED_MODELS
 
 QUICK = {"repeats": 1, "sizes": (6_000, 12_000), "mixed_sessions": 16, "mixed_prefix_chars": 8_000}
 
 
+def model_names(text: str) -> tuple[str, ...]:
+    """`dense,hybrid` as tiny model names; a named model (`smollm2`, `tiny-dense`) stays as it is."""
+    names = (m.strip() for m in text.split(","))
+    return tuple(m if m in NAMED_MODELS else f"tiny-{m}" for m in names if m)
+
+
 def plan_from(args: argparse.Namespace) -> Plan:
-    models = tuple(m if m.startswith("tiny-") else f"tiny-{m}" for m in args.models.split(",") if m)
+    models = model_names(args.models)
     plan = Plan(models=models, setups=tuple(args.setups.split(",")))
     if args.quick:
         plan = dataclasses.replace(plan, **QUICK)  # type: ignore[arg-type]
@@ -99,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
                                      epilog="`llamafleet bench reliability` runs the fault scenarios.")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("seed-table", help="TTFT, reuse, tokens computed, KV and agreement against peers")
-    p.add_argument("--models", default="dense,hybrid", help="comma-separated: dense, hybrid (tiny models)")
+    p.add_argument("--models", default="dense,hybrid",
+                   help="comma-separated: dense, hybrid (tiny) or named models (smollm2)")
     p.add_argument("--repeats", type=int, default=None, help="runs of the 14K three-session scenarios (5)")
     p.add_argument("--size-repeats", type=int, default=None, help="runs of each larger prefix size (1)")
     p.add_argument("--quick", action="store_true", help="small prefixes, one run each: a smoke run")
@@ -111,14 +119,15 @@ def main(argv: list[str] | None = None) -> int:
                    help="skip the rows on the real client's layout (later_days.py, ~5 minutes; "
                    "--quick skips them)")
     d = sub.add_parser("later-days", help="a real client's first session and later days against plain")
-    d.add_argument("--models", default="dense,hybrid", help="comma-separated: dense, hybrid (tiny models)")
+    d.add_argument("--models", default="dense,hybrid",
+                   help="comma-separated: dense, hybrid (tiny) or named models (smollm2)")
     d.add_argument("--out", type=Path, default=Path("bench/results"))
     d.add_argument("--run-dir", type=Path, default=None, help="process logs (default runs/later-days-<time>)")
     args = parser.parse_args(args_in)
     if args.command == "later-days":
         from llamafleet_local.bench import later_days
 
-        models = tuple(f"tiny-{m.strip()}" for m in args.models.split(",") if m.strip())
+        models = model_names(args.models)
         run_dir = (args.run_dir or Path("runs") / time.strftime("later-days-%Y%m%d-%H%M%S")).resolve()
         say(f"run folder {run_dir}")
         raw = later_days.main(models, args.out, run_dir, say)

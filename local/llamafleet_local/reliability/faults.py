@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from llamafleet_core.index.base import IndexUnavailable
 from llamafleet_local.reliability.bed import PREFIX, Bed, kill, until
 from llamafleet_local.reliability.client import QUESTIONS, Load
 from llamafleet_local.reliability.outcome import STALE_CONNECTION, SUCCEEDED, ScenarioResult, Sent
@@ -24,6 +25,7 @@ PURGE_LIMIT_S = 5.0
 # (the one when it comes back would otherwise hide a missing one).
 RESTART_DELAY_S = PURGE_LIMIT_S + 1.5
 CUT_END_LIMIT_S = 5.0  # a stream cut by the kill must end (with its error event) within this
+REBUILD_LIMIT_S = 15.0  # Redis back: the index holds slot and snapshot entries again within this
 
 
 def _body(bed: Bed, max_tokens: int = STREAM_TOKENS) -> Callable[[int], dict[str, Any]]:
@@ -241,7 +243,16 @@ async def kill_redis(bed: Bed, down_s: float = 3.0) -> ScenarioResult:
         return not await degraded()
 
     back_s = await until(healthy, 10.0)
-    await asyncio.sleep(1.5)  # traffic after the index is back rebuilds slot entries
+
+    async def rebuilt() -> bool:
+        """Traffic after the index is back wrote slot entries, and the resync the snapshots'."""
+        try:
+            slots = sum([await bed.pod_entries(p.layout.llama_url, probes) for p in bed.fleet.pods])
+            return slots > 0 and len(await index.snapshots(bed.model)) >= snaps_before
+        except IndexUnavailable:  # a slow answer on a loaded machine: asked again at the next poll
+            return False
+
+    await until(rebuilt, REBUILD_LIMIT_S, every=0.1)
     load.stop.set()
     results = await running
     r.add(results)

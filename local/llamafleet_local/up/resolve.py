@@ -16,7 +16,7 @@ from llamafleet_core import podspec
 from llamafleet_core.crd.fleet import LlamaFleetSpec
 from llamafleet_core.devices import min_batch_tokens, parse_devices
 from llamafleet_core.features import ServerFeatures, parse_help, summary
-from llamafleet_local.tinymodels import MODEL_NAMES, ensure_model
+from llamafleet_local.named_models import NAMED_MODELS, ensure_named_model
 from llamafleet_local.up.config import FleetConfig
 
 
@@ -57,8 +57,11 @@ def server_min_batch_tokens(binary: Path, flash_attention: str = "on", timeout: 
 
 def resolve(config: FleetConfig, say: Callable[[str], None]) -> Resolved:
     local = config.local
-    # A tiny model's name wins over a file of that name: it is written on demand, and cached.
-    model = ensure_model(local.model) if local.model in MODEL_NAMES else config.resolve(local.model).resolve()
+    # A model's name wins over a file of that name: written (tiny) or fetched (real) on demand, cached.
+    if local.model in NAMED_MODELS:
+        model = ensure_named_model(local.model)
+    else:
+        model = config.resolve(local.model).resolve()
     template = config.resolve(local.chat_template).resolve() if local.chat_template else None
     if local.llama_server is not None:
         binary = config.resolve(local.llama_server).resolve()

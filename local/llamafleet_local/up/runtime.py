@@ -34,6 +34,7 @@ from llamafleet_local.redis_server import RedisServer
 from llamafleet_local.up import gateway as gw
 from llamafleet_local.up import shutdown
 from llamafleet_local.up.config import FleetConfig
+from llamafleet_local.up.contexts import context_note, read_slot_context, trained_context
 from llamafleet_local.up.pods import LocalPod, layout
 from llamafleet_local.up.pods import attach as pod_attach
 from llamafleet_local.up.procs import dying_with_parent
@@ -96,6 +97,7 @@ class LocalFleet:
         self.prefix_key = ""  # read from the state folder (state.prefix_key)
         self.manifest_key_file: Path | None = None  # made in the state folder (state.manifest_key_file)
         self._state_lock: StateLock | None = None
+        self.trained_context: int | None = None  # the model's, from its GGUF (known once resolved)
 
     # --- lifecycle -------------------------------------------------------------------------------
 
@@ -141,6 +143,7 @@ class LocalFleet:
         self.resolved = await asyncio.to_thread(resolve, self.config, self.reporter.say)
         res = self.resolved
         opts = self.options
+        self.trained_context = await asyncio.to_thread(trained_context, res.model)
         self._state_lock = await open_state(self.config.name, res.model, self.run_dir,
                                             state_dir=opts.state_dir, keep=opts.keep_snapshots,
                                             digest=res.spec.model.sha256)
@@ -199,6 +202,7 @@ class LocalFleet:
 
     async def _start_pod(self, pod: LocalPod) -> None:
         await pod.start(self.http, self.agent_token, self.options.pod_timeout)
+        await self.read_context(pod)
         pod.ready = True
         self.progress.pods_up.add(pod.name)
         self.report()
@@ -277,6 +281,14 @@ class LocalFleet:
     def report(self) -> None:
         self._check_ready()
         self.reporter(self.progress)
+
+    async def read_context(self, pod: LocalPod) -> None:
+        """Read back the context `pod`'s slots really hold and say it (`contexts.py`: llama-server caps
+        it without a word at the model's training context)."""
+        got = await read_slot_context(pod.layout.llama_url, self.http, self.pod_api_key)
+        self.progress.slot_contexts[pod.name] = got
+        self.reporter.say(context_note(pod.name, self.config.fleet.spec.context_per_slot, got,
+                                       self.trained_context))
 
     # --- warming ---------------------------------------------------------------------------------
 

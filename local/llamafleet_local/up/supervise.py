@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from llamafleet_core.prefix import prefix_key_bytes
 from llamafleet_core.warming import PodWarmState, PrefixSource, WarmError, warm_pod, warm_shared_prefix
+from llamafleet_local.up.contexts import capped_note, fitting_context
 from llamafleet_local.up.procs import ChildFailed, log_tail
 from llamafleet_local.up.progress import PrefixProgress
 
@@ -147,6 +148,7 @@ async def restart(fleet: LocalFleet, pod: LocalPod) -> None:
     except ChildFailed as exc:
         await pod.stop()
         raise FleetFailed(f"{pod.name} did not come back: {exc}") from exc
+    await fleet.read_context(pod)
     fleet.write_state()
 
 
@@ -207,15 +209,21 @@ async def warm_prefix(fleet: LocalFleet, name: str, source: PrefixSource, *, pin
     track.started, track.finished, track.error = time.monotonic(), None, ""
     fleet.sources[name] = source
     fleet.report()
+    asked = fleet.config.fleet.spec.context_per_slot
     try:
         result = await warm_shared_prefix(
             source, fleet.warm_pods(), http=fleet.http, agent_token=fleet.agent_token,
             index=fleet.index.index, pin=pin, progress=_on_state(fleet, track),
+            max_tokens=fitting_context(fleet.progress.slot_contexts, asked),
             prefix_key=prefix_key_bytes(fleet.prefix_key))
     except WarmError as exc:
-        track.error = str(exc)
+        # Too long for a capped slot: say that raising contextPerSlot would not help.
+        note = capped_note(fleet.progress.slot_contexts, asked) if exc.reason == "PrefixTooLong" else ""
+        track.error = f"{exc}; {note}" if note else str(exc)
         track.finished = time.monotonic()
         fleet.report()
+        if note:
+            raise WarmError(track.error, reason=exc.reason) from exc
         raise
     fleet.results[name] = result
     track.finished = time.monotonic()

@@ -8,6 +8,7 @@ import httpx
 import kopf
 
 from llamafleet_core.index.redis_index import RedisPrefixIndex, connect
+from llamafleet_operator.handlers.diffbase import DigestedDiffBaseStorage
 from llamafleet_operator.kube import Kube, default_kubeconfig, load_configuration
 from llamafleet_operator.reconcile.context import Context
 from llamafleet_operator.settings import OperatorSettings
@@ -20,9 +21,10 @@ async def startup_fn(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: k
     ours.admission_policy()  # a bad image pattern stops the start, not every fleet's reconcile later
     # Progress and the last handled spec go to annotations: the CRDs' structural status schema would
     # prune kopf's default `status.kopf`. A finalizer of our own name guards SharedPrefix cleanup.
+    # The last handled spec holds a prefix's content as digests: the text itself would not fit (diffbase.py).
     settings.persistence.finalizer = f"{PREFIX}/cleanup"
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=f"kopf.{PREFIX}")
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+    settings.persistence.diffbase_storage = DigestedDiffBaseStorage(
         prefix=f"kopf.{PREFIX}", key="last-handled-configuration")
     settings.posting.level = 20  # INFO and above become Kubernetes events
     settings.batching.error_delays = [1, 2, 5, 10, 30, 60]

@@ -14,7 +14,10 @@ operator checks them again because a policy can be off, not yet bound, or older 
 - tolerations, node selector and node affinity never name control-plane nodes (nor tolerate every
   taint) unless `control_plane` is allowed;
 - `apiKeySecretRef` never names the agent-token Secret (the llama-server container would then hold the
-  credential the agent beside it keeps from it).
+  credential the agent beside it keeps from it), nor does an entry of `podTemplate.env`;
+- `podTemplate.env` sets no `LLAMA_*` variable (llama-server reads its flags from `LLAMA_ARG_*`, which
+  would bypass the extraArgs allow-list) and no `LD_*` one (a library preloaded from the model volume
+  would run code the image allow-list never saw).
 """
 
 from __future__ import annotations
@@ -48,6 +51,8 @@ DEFAULT_EXTRA_ARGS: tuple[str, ...] = (
     "--cpu-moe", "--n-cpu-moe",
 )
 
+#: Environment name prefixes `podTemplate.env` may not use (see the module docstring).
+REFUSED_ENV_PREFIXES: tuple[str, ...] = ("LLAMA_", "LD_")
 _FLAG = re.compile(r"^-[^0-9.]")  # "-1" or "-.5" is a value, not a flag
 _DOT_PARTS = re.compile(r"(^|/)\.\.?(/|$)")
 
@@ -127,7 +132,8 @@ def violations(spec: LlamaFleetSpec, policy: AdmissionPolicy) -> list[str]:
     if source.image is not None and not _image_ok(source.image.reference, policy.images):
         out.append(f"spec.model.source.image.reference: {source.image.reference} matches no allowed "
                    "image pattern")
-    if not _image_ok(spec.agent_image, policy.agent_images):
+    # Unset, the operator's own agent image: the policy governs what a fleet asks for.
+    if spec.agent_image is not None and not _image_ok(spec.agent_image, policy.agent_images):
         out.append(f"spec.agentImage: {spec.agent_image} matches no allowed agent image pattern")
     refused = sorted({f for f in map(flag_name, spec.extra_args) if f and f not in policy.extra_args})
     if refused:
@@ -137,4 +143,15 @@ def violations(spec: LlamaFleetSpec, policy: AdmissionPolicy) -> list[str]:
     ref = spec.api_key_secret_ref
     if ref is not None and policy.agent_token_secret and ref.name == policy.agent_token_secret:
         out.append(f"spec.apiKeySecretRef: {ref.name} is the agents' token Secret")
+    return out + _env_violations(spec, policy)
+
+
+def _env_violations(spec: LlamaFleetSpec, policy: AdmissionPolicy) -> list[str]:
+    out = []
+    for var in spec.pod_template.env:
+        if var.name.startswith(REFUSED_ENV_PREFIXES):
+            out.append(f"spec.podTemplate.env: {var.name} is refused (LLAMA_* sets llama-server flags: use "
+                       "extraArgs; LD_* preloads code)")
+        if policy.agent_token_secret and var.secret_name() == policy.agent_token_secret:
+            out.append(f"spec.podTemplate.env: {var.name} reads the agents' token Secret")
     return out

@@ -60,8 +60,9 @@ class Context:
     """The routers' prefix hash key (settings' `resolved_prefix_key`): warming records their hashes."""
     redis: aioredis.Redis | None = None
     index: PrefixIndex | None = None
-    warm_results: dict[str, tuple[int | None, WarmResult]] = field(default_factory=dict)
-    """SharedPrefix uid -> (generation, last result): lets a timer tick warm only the pods that are new.
+    warm_results: dict[str, tuple[int | str | None, WarmResult]] = field(default_factory=dict)
+    """SharedPrefix uid -> (revision, last result): lets a timer tick warm only the pods that are new
+    (the revision is the generation, with the text's digest when the text is in a ConfigMap).
     Lost on restart on purpose: the first tick after a restart re-checks every pod (cheap, idempotent)."""
 
     seed_retries: dict[str, Backoff] = field(default_factory=dict)

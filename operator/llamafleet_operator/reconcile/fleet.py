@@ -20,13 +20,18 @@ from llamafleet_core.crd.models import ImageFeatures, LlamaFleet
 from llamafleet_operator.reconcile import features as F
 from llamafleet_operator.reconcile import pods as P
 from llamafleet_operator.reconcile.admission import violations
+from llamafleet_operator.reconcile.conflicts import TYPE as MODEL_CONFLICT
+from llamafleet_operator.reconcile.conflicts import claims, fleet_id, managed_fleets, model_condition
 from llamafleet_operator.reconcile.context import Context, Forbidden, InvalidSpec, Log, describe_validation
 from llamafleet_operator.reconcile.readiness import declare_required, fleet_prefixes
+from llamafleet_operator.reconcile.stuck import degraded_reason, stuck
 from llamafleet_operator.reconcile.tokens import ensure_agent_token
 from llamafleet_operator.render import Target, render_all
-from llamafleet_operator.status import condition, merge
+from llamafleet_operator.status import Cond, condition, merge, transitions
 
 API = L.API_VERSION
+# Conditions whose every change is also an event: what needs someone to act.
+REPORTED = ("Degraded", MODEL_CONFLICT)
 
 
 def parse_fleet(body: Mapping[str, Any]) -> LlamaFleet:
@@ -42,13 +47,15 @@ def parse_fleet(body: Mapping[str, Any]) -> LlamaFleet:
 
 
 def fleet_status(fleet: LlamaFleet, pods: list[P.Pod], previous: Mapping[str, Any] | None,
-                 features: ImageFeatures | None = None) -> dict[str, Any]:
-    """Status from the pods that exist now and what the image is known to accept (pure)."""
+                 features: ImageFeatures | None = None, model_conflict: Cond | None = None) -> dict[str, Any]:
+    """Status from the pods that exist now, what the image is known to accept and whether another
+    fleet serves the same model (`model_conflict`, conflicts.py) (pure)."""
     spec, meta = fleet.spec, fleet.metadata
     support = F.support(features)
     live = [p for p in pods if not P.deleting(p)]
     n_ready = sum(P.ready(p) for p in live)
-    stuck = [r for r in (P.stuck_reason(p) for p in live) if r]
+    failing = [s for s in (stuck(p) for p in live) if s]
+    starting = [p for p in live if not P.ready(p) and stuck(p) is None]
     all_ready = n_ready >= spec.replicas and len(live) == spec.replicas
     if all_ready:
         ready = condition("Ready", True, "AllReplicasReady", f"{n_ready} of {spec.replicas} pods ready")
@@ -59,13 +66,18 @@ def fleet_status(fleet: LlamaFleet, pods: list[P.Pod], previous: Mapping[str, An
                                 f"{len(live)} of {spec.replicas} pods exist")
     elif len(live) > spec.replicas:
         progressing = condition("Progressing", True, "ScalingDown", f"{len(live)} pods for {spec.replicas}")
+    elif not all_ready and failing and not starting:
+        # Every pod that is not ready is stuck: waiting changes nothing (Degraded says why).
+        progressing = condition("Progressing", False, "PodsStuck",
+                                f"{len(failing)} of {len(live)} pods cannot start")
     elif not all_ready:
         progressing = condition("Progressing", True, "PodsStarting", "waiting for pods to turn ready")
     else:
         progressing = condition("Progressing", False, "Stable", "")
-    degraded = (condition("Degraded", True, "PodsFailing", "; ".join(stuck)) if stuck
-                else condition("Degraded", False, "AsExpected", ""))
-    phase = "Degraded" if stuck else "Ready" if all_ready else "Pending" if not live else "Progressing"
+    degraded = (condition("Degraded", True, degraded_reason(failing), "; ".join(s.message for s in failing))
+                if failing else condition("Degraded", False, "AsExpected", ""))
+    phase = "Degraded" if failing else "Ready" if all_ready else "Pending" if not live else "Progressing"
+    conditions = [ready, progressing, degraded] + ([model_conflict] if model_conflict is not None else [])
     return {
         "replicas": spec.replicas,
         "readyReplicas": n_ready,
@@ -78,8 +90,7 @@ def fleet_status(fleet: LlamaFleet, pods: list[P.Pod], previous: Mapping[str, An
         "imageFeatures": features.to_k8s() if features is not None else None,
         "phase": phase,
         "observedGeneration": meta.generation,
-        "conditions": merge((previous or {}).get("conditions"), [ready, progressing, degraded],
-                            generation=meta.generation),
+        "conditions": merge((previous or {}).get("conditions"), conditions, generation=meta.generation),
     }
 
 
@@ -123,10 +134,16 @@ async def reconcile_fleet(ctx: Context, body: Mapping[str, Any],
             if F.support(found) != F.support(features):
                 await _apply_children(ctx, fleet, namespace, found, logger)
             features = found
-    status = fleet_status(fleet, pods, previous, features)
+    served = claims(await managed_fleets(ctx))
+    conflict = model_condition(fleet_id(namespace, name), fleet.spec.model.name, served,
+                               ctx.settings.model_owners())
+    status = fleet_status(fleet, pods, previous, features, conflict)
     if _changed(previous, status):
         await ctx.kube.patch_status(API, "LlamaFleet", namespace, name, status)
         logger.info(f"status: {status['ready']} ready, phase {status['phase']}")
+        # One event per change of what is wrong, not one per tick.
+        for bad, line in transitions(previous.get("conditions"), status["conditions"], REPORTED):
+            (logger.warning if bad else logger.info)(line)
 
     prefixes = await fleet_prefixes(ctx, namespace, name)
     await declare_required(ctx, [p for p in pods if P.running(p)], prefixes, logger)
@@ -145,7 +162,9 @@ async def _apply_children(ctx: Context, fleet: LlamaFleet, namespace: str, featu
     target = Target.of(
         fleet, namespace=namespace, agent_token_secret=ctx.settings.agent_token_secret,
         gateway_namespace=ctx.settings.gateway_namespace, operator_namespace=ctx.settings.operator_namespace,
-        agent_peer_networks=tuple(ctx.settings.agent_peer_networks), **F.support(features),
+        agent_peer_networks=tuple(ctx.settings.agent_peer_networks), agent_image=ctx.settings.agent_image,
+        metrics_peers=tuple(ctx.settings.metrics_peers), metrics_server=ctx.settings.metrics_server,
+        **F.support(features),
     )
     for manifest in render_all(fleet, target):
         await _apply(ctx, manifest, logger)

@@ -1,4 +1,4 @@
-"""Pure reads of pod objects: readiness, endpoints, start epoch, and why a pod is failing."""
+"""Pure reads of pod objects: readiness, endpoints and start epoch (why one is stuck: stuck.py)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,6 @@ from llamafleet_core.membership import Member
 from llamafleet_core.warming import WarmPod
 
 Pod = dict[str, Any]
-# Container waiting reasons that will not resolve by waiting.
-STUCK = frozenset({"CrashLoopBackOff", "ImagePullBackOff", "ErrImagePull", "CreateContainerConfigError",
-                   "InvalidImageName", "CreateContainerError"})
 
 
 def name(pod: Pod) -> str:
@@ -85,14 +82,3 @@ def member(pod: Pod, *, model: str, slots: int, warm: tuple[str, ...]) -> Member
         ready=ready(pod), epoch=epoch_ms(pod), attach=attach(pod), warm=warm,
     )
 
-
-def stuck_reason(pod: Pod) -> str | None:
-    """`<pod>: <container> <reason>` when the pod cannot become ready by waiting, else None."""
-    status = pod.get("status") or {}
-    if status.get("phase") == "Failed":
-        return f"{name(pod)}: {status.get('reason') or 'Failed'}"
-    for cs in status.get("containerStatuses") or []:
-        waiting = (cs.get("state") or {}).get("waiting") or {}
-        if waiting.get("reason") in STUCK:
-            return f"{name(pod)}: {cs.get('name')} {waiting['reason']}"
-    return None

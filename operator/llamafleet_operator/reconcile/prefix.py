@@ -5,8 +5,9 @@ a spec change or an operator restart) runs the whole `warm_shared_prefix`, which
 that already hold the snapshot; later timer ticks only `warm_pod` the pods that do not hold it yet (new or
 restarted ones). A changed prefix is a new snapshot (its name carries the text hash): the new one is
 shipped first and declared required, and only then is the old one removed, so no pod is ever without a
-warm prefix. Deletion goes through a finalizer, because snapshots on pods and index entries in Redis are
-state the garbage collector cannot see.
+warm prefix. Text referenced from a ConfigMap (`spec.textFrom`, prefix_text.py) is read on every call,
+so an edited ConfigMap is such a change too. Deletion goes through a finalizer, because snapshots on
+pods and index entries in Redis are state the garbage collector cannot see.
 
 A prefix that no pod could build (longer than a slot's context, every slot busy, a pod restarting) fails
 in its own status (Degraded `SeedFailed`, or Failed with the spec problem's reason such as
@@ -36,6 +37,13 @@ from llamafleet_core.warming import (
 from llamafleet_operator.reconcile import pods as P
 from llamafleet_operator.reconcile.context import Context, InvalidSpec, Log, describe_validation
 from llamafleet_operator.reconcile.prefix_status import error_status, prefix_status
+from llamafleet_operator.reconcile.prefix_text import (
+    Revision,
+    TextNotFound,
+    prefix_source,
+    referenced_text,
+    revision,
+)
 from llamafleet_operator.reconcile.readiness import declare_required, fleet_prefixes, snapshot_of
 from llamafleet_operator.reconcile.retry import backoff_for
 
@@ -71,6 +79,12 @@ async def reconcile_prefix(ctx: Context, body: Mapping[str, Any], logger: Log) -
     except InvalidSpec as exc:
         await _write(ctx, body, error_status("InvalidSpec", str(exc), generation, previous, phase="Failed"))
         raise
+    try:
+        text = await referenced_text(ctx, namespace, sp.spec)
+    except TextNotFound as exc:
+        await _write(ctx, body, error_status(exc.reason, str(exc), generation, previous, phase="Pending"))
+        return
+    rev = revision(generation, text)
     fleet_name = sp.spec.fleet_ref.name
     fleet = await ctx.kube.get(API, "LlamaFleet", namespace, fleet_name)
     if fleet is None:
@@ -85,16 +99,16 @@ async def reconcile_prefix(ctx: Context, body: Mapping[str, Any], logger: Log) -
         await _write(ctx, body, error_status("NoRunningPods", f"fleet {fleet_name} has no running pods",
                                              generation, previous, phase="Pending", degraded=False))
         return
-    source = PrefixSource.from_spec(name, sp.spec, model)
+    source = prefix_source(name, sp.spec, model, text)
     targets = [P.warm_pod(p, ctx.pod_api_key) for p in pods]
-    retry = backoff_for(ctx.seed_retries, uid, generation, initial_s=ctx.settings.prefix_retry_initial_s,
+    retry = backoff_for(ctx.seed_retries, uid, rev, initial_s=ctx.settings.prefix_retry_initial_s,
                         max_s=ctx.settings.prefix_retry_max_s)
     now = ctx.clock()
-    if _must_seed(ctx, uid, generation, targets) and not retry.due(now):
+    if _must_seed(ctx, uid, rev, targets) and not retry.due(now):
         return  # the last attempt's status says why it failed and when the next one runs
     context = int(fleet_spec.get("contextPerSlot") or 0) or None
     try:
-        result = await _warm(ctx, uid, generation, source, targets, sp.spec.pin, logger, namespace=namespace,
+        result = await _warm(ctx, uid, rev, source, targets, sp.spec.pin, logger, namespace=namespace,
                              max_tokens=context)
     except WarmError as exc:
         note = retry.note(retry.failed(now))
@@ -121,22 +135,22 @@ async def reconcile_prefix(ctx: Context, body: Mapping[str, Any], logger: Log) -
         logger.info(f"removed the previous snapshot {old}")
 
 
-def _must_seed(ctx: Context, uid: str, generation: int | None, targets: list[WarmPod]) -> bool:
+def _must_seed(ctx: Context, uid: str, rev: Revision, targets: list[WarmPod]) -> bool:
     """Whether the next warm builds the prefix from its text (not only pulls from a warm pod): nothing
-    known for this generation, or no pod of `targets` holds it (the ones that did are gone)."""
+    known for this revision, or no pod of `targets` holds it (the ones that did are gone)."""
     cached = ctx.warm_results.get(uid)
-    if cached is None or cached[0] != generation or not cached[1].snapshot:
+    if cached is None or cached[0] != rev or not cached[1].snapshot:
         return True
     names = {t.name for t in targets}
     return not any(s.state == "warm" and s.pod in names for s in cached[1].pods)
 
 
-async def _warm(ctx: Context, uid: str, generation: int | None, source: PrefixSource,
+async def _warm(ctx: Context, uid: str, rev: Revision, source: PrefixSource,
                 targets: list[WarmPod], pin: bool, logger: Log, *, namespace: str,
                 max_tokens: int | None) -> WarmResult:
     names = {t.name for t in targets}
     cached = ctx.warm_results.get(uid)
-    if cached is None or _must_seed(ctx, uid, generation, targets):
+    if cached is None or _must_seed(ctx, uid, rev, targets):
         def progress(state: PodWarmState) -> None:
             if state.state != "pending" or state.message != "waiting":
                 logger.info(f"{state.pod}: {state.state}: {state.message}")
@@ -162,7 +176,7 @@ async def _warm(ctx: Context, uid: str, generation: int | None, source: PrefixSo
                 peers.append(target)
         result.pods = [states[t.name] for t in targets if t.name in states]
     result.pods = [s for s in result.pods if s.pod in names]
-    ctx.warm_results[uid] = (generation, result)
+    ctx.warm_results[uid] = (rev, result)
     return result
 
 

@@ -17,7 +17,8 @@ class Backoff:
 
     initial_s: float
     max_s: float
-    generation: int | None = None
+    generation: int | str | None = None
+    """The revision (prefix_text.py): the generation, with the text's digest when it is referenced."""
     attempts: int = 0
     next_at: float = 0.0
 
@@ -39,7 +40,7 @@ class Backoff:
         return f"attempt {self.attempts}; trying again in {delay:.0f}s"
 
 
-def backoff_for(table: dict[str, Backoff], uid: str, generation: int | None, *, initial_s: float,
+def backoff_for(table: dict[str, Backoff], uid: str, generation: int | str | None, *, initial_s: float,
                 max_s: float) -> Backoff:
     """The record of `uid`, new when there is none or the spec changed since (a fresh start)."""
     current = table.get(uid)

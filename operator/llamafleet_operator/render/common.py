@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from llamafleet_core import labels as L
 from llamafleet_core import podspec
 from llamafleet_core.crd.models import LlamaFleet, LlamaFleetSpec
+from llamafleet_operator.release import default_agent_image, effective_agent_image
 
 Manifest = dict[str, Any]
 
@@ -39,6 +40,11 @@ class Target:
     """Namespace of the gateway pods; None means the fleet's own namespace."""
     agent_peer_networks: tuple[str, ...] = ()
     """Networks (CIDR) the agents may pull from (their `--peer-networks`); empty: the agent's default."""
+    metrics_peers: tuple[Manifest, ...] = ()
+    """NetworkPolicyPeers of Prometheus, admitted to the agent port (and llama-server's: metrics_server)."""
+    metrics_server: bool = False
+    agent_image: str = field(default_factory=default_agent_image)
+    """The agent image of a fleet that names none (the operator's `agent_image` setting)."""
 
     @classmethod
     def of(cls, fleet: LlamaFleet, *, namespace: str | None = None, **options: Any) -> Target:
@@ -54,6 +60,10 @@ class Target:
     @property
     def config_map(self) -> str:
         return f"{self.name}-config"
+
+    def agent_image_of(self, spec: LlamaFleetSpec) -> str:
+        """The image of this target's agent containers (and of the model download)."""
+        return effective_agent_image(spec.agent_image, self.agent_image)
 
     def attach(self, spec: LlamaFleetSpec) -> bool:
         """Whether this target's pods run llama-server with --slot-attach."""

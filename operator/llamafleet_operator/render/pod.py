@@ -125,7 +125,7 @@ def detect_container(spec: LlamaFleetSpec) -> Manifest:
     }
 
 
-def init_containers(spec: LlamaFleetSpec) -> list[Manifest]:
+def init_containers(spec: LlamaFleetSpec, target: Target) -> list[Manifest]:
     source = spec.model.source
     dest = podspec.model_path(spec)
     common: Manifest = {
@@ -135,7 +135,8 @@ def init_containers(spec: LlamaFleetSpec) -> list[Manifest]:
     }
     out: list[Manifest] = []
     if source.url is not None:
-        out.append({"name": "fetch-model", "image": spec.agent_image, "imagePullPolicy": "IfNotPresent",
+        out.append({"name": "fetch-model", "image": target.agent_image_of(spec),
+                    "imagePullPolicy": "IfNotPresent",
                     "command": ["python", "-c", FETCH_MODEL, source.url, dest, spec.model.sha256 or ""],
                     **common})
     elif source.image is not None:
@@ -180,7 +181,7 @@ def server_container(spec: LlamaFleetSpec, target: Target) -> Manifest:
         "image": spec.image,
         "imagePullPolicy": "IfNotPresent",
         "args": args,
-        "env": _env_pod_identity(),
+        "env": _env_pod_identity() + [v.to_k8s() for v in spec.pod_template.env],
         "ports": [{"name": "http", "containerPort": podspec.SERVER_PORT, "protocol": "TCP"}],
         "startupProbe": {**health, "periodSeconds": 5, "failureThreshold": 180, "timeoutSeconds": 3},
         "livenessProbe": {**health, "periodSeconds": 20, "failureThreshold": 6, "timeoutSeconds": 5},
@@ -221,7 +222,7 @@ def agent_container(spec: LlamaFleetSpec, target: Target) -> Manifest:
         mounts.append({"name": "api-key", "mountPath": f"{podspec.SECRETS_DIR}/api-key", "readOnly": True})
     return {
         "name": "agent",
-        "image": spec.agent_image,
+        "image": target.agent_image_of(spec),
         "imagePullPolicy": "IfNotPresent",
         "command": ["llamafleet", "agent"],
         "args": args,
@@ -244,7 +245,12 @@ def _scheduling(spec: LlamaFleetSpec) -> Manifest:
         # GPU nodes are commonly tainted with the GPU resource name; tolerate it unless the user did.
         if not any(t.get("key") == spec.gpu.resource_name for t in tolerations):
             tolerations.append({"key": spec.gpu.resource_name, "operator": "Exists", "effect": "NoSchedule"})
+    extra = spec.pod_template
     out: Manifest = {}
+    if extra.runtime_class_name:
+        out["runtimeClassName"] = extra.runtime_class_name
+    if extra.priority_class_name:
+        out["priorityClassName"] = extra.priority_class_name
     if node_selector:
         out["nodeSelector"] = node_selector
     if tolerations:
@@ -266,15 +272,19 @@ def pod_template(fleet: LlamaFleet, target: Target) -> Manifest:
             "seccompProfile": {"type": "RuntimeDefault"},
         },
         **_scheduling(spec),
-        "initContainers": init_containers(spec),
+        "initContainers": init_containers(spec, target),
         "containers": [server_container(spec, target), agent_container(spec, target)],
         "volumes": volumes(spec, target),
     }
+    if spec.pod_template.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [r.to_k8s() for r in spec.pod_template.image_pull_secrets]
     if not pod_spec["initContainers"]:
         del pod_spec["initContainers"]
     annotations = {L.SPEC_HASH: digest(pod_spec), L.SLOTS: str(spec.slots),
                    L.ATTACH: "true" if target.attach(spec) else "false"}
     if spec.model.sha256:
         annotations[L.MODEL_SHA256] = spec.model.sha256
-    meta = {"labels": L.common_labels(target.name), "annotations": annotations}
+    # The fleet's own keys first: the model refuses reserved ones, and the operator's win regardless.
+    meta = {"labels": {**spec.pod_template.labels, **L.common_labels(target.name)},
+            "annotations": {**spec.pod_template.annotations, **annotations}}
     return {"metadata": meta, "spec": pod_spec}

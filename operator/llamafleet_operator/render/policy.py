@@ -5,9 +5,11 @@ but pods that are not ready anyway may always be evicted, so a broken pod never 
 
 NetworkPolicy: llama-server's admin endpoints (`/slots` save/restore/erase) and the agent must never be
 reachable by clients (DESIGN.md section 5). Ingress to both ports is admitted only from the gateway and
-the operator, and to the agent port from peer pods of the same fleet (snapshot pulls). Every peer names
-its namespace explicitly. Inside a namespace admission is still by labels: whoever may create pods in the
-fleet's namespace (or the gateway's) can label one as a gateway or a peer.
+the operator, and to the agent port from peer pods of the same fleet (snapshot pulls) and from the
+Prometheus pods the operator is told of (`metrics_peers`: the agents' /metrics; llama-server's own
+/metrics on its port only with `metrics_server`, since no policy can admit one path of a port).
+Every peer names its namespace explicitly. Inside a namespace admission is still by labels: whoever may
+create pods in the fleet's namespace (or the gateway's) can label one as a gateway or a peer.
 
 Egress (the pods run images the fleet's author chose and parse hostile prompts): DNS, the agent port of
 the same fleet's pods (pulls), and, only for a model downloaded from a URL, that URL's port anywhere but
@@ -74,6 +76,15 @@ def _egress(fleet: LlamaFleet, target: Target) -> list[Manifest]:
     return rules
 
 
+def _metrics_ingress(target: Target) -> list[Manifest]:
+    if not target.metrics_peers:
+        return []
+    ports = [{"protocol": "TCP", "port": podspec.AGENT_PORT}]
+    if target.metrics_server:
+        ports.append({"protocol": "TCP", "port": podspec.SERVER_PORT})
+    return [{"from": [dict(p) for p in target.metrics_peers], "ports": ports}]
+
+
 def render_network_policy(fleet: LlamaFleet, target: Target) -> Manifest:
     server = {"protocol": "TCP", "port": podspec.SERVER_PORT}
     agent = {"protocol": "TCP", "port": podspec.AGENT_PORT}
@@ -96,6 +107,7 @@ def render_network_policy(fleet: LlamaFleet, target: Target) -> Manifest:
                     "from": [_fleet_peers(target)],
                     "ports": [agent],
                 },
+                *_metrics_ingress(target),
             ],
             "egress": _egress(fleet, target),
         },

@@ -21,7 +21,8 @@ Anything else gets a 400 naming the field, as OpenAI answers an unrecognized arg
 (`best_of`, `n_cmpl`) at most `max_n`; `top_logprobs`, `logprobs` and `n_probs` at most `max_logprobs`;
 `max_tokens`, `max_completion_tokens` and `n_predict` integers from 0, lowered to the key's
 `max_tokens_per_request`, which is also sent when the client sets none (llama-server would otherwise
-generate to the end of the slot's context). On `/v1/messages` the errors are Anthropic-shaped.
+generate to the end of the slot's context); on `/v1/responses` the length is `max_output_tokens`.
+On `/v1/messages` and `/v1/messages/count_tokens` the errors are Anthropic-shaped.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from llamafleet_router.api.parse import ParsedRequest, Route
+from llamafleet_router.api import responses
+from llamafleet_router.api.parse import ANTHROPIC_ROUTES, DIRECT_ROUTES, ParsedRequest, Route
 from llamafleet_router.api.shapes import CHAT_PARTS, ShapeError, ShapeLimits, check_shapes
 from llamafleet_router.discovery.base import PodProps
 from llamafleet_router.errors import ApiError
@@ -64,13 +66,31 @@ LLAMA_SAMPLING = frozenset({
     "xtc_threshold", "dry_multiplier", "dry_base", "dry_allowed_length", "dry_penalty_last_n",
     "dry_sequence_breakers", "ignore_eos", "n_predict",
 })
+#: Anthropic's count_tokens params: the message params that shape the prompt, without generation's.
+COUNT_TOKENS = frozenset({
+    "model", "messages", "system", "tools", "tool_choice", "thinking", "mcp_servers", "context_management",
+    "output_format", "output_config", "cache_control", "chat_template_kwargs",
+})
+#: openai's ResponseCreateParams; what llama-server cannot do is refused by name (`responses.py`).
+RESPONSES = frozenset({
+    "model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "top_logprobs",
+    "tools", "tool_choice", "parallel_tool_calls", "stream", "stream_options", "metadata", "store", "user",
+    "text", "reasoning", "truncation", "include", "service_tier", "safety_identifier", "prompt_cache_key",
+    "prompt_cache_retention", "prompt_cache_options", "moderation", "previous_response_id",
+    "conversation", "prompt", "background", "background_options", "max_tool_calls", "context_management",
+    "image", "access_programs", "chat_template_kwargs",
+})
+EMBEDDINGS = frozenset({"model", "input", "encoding_format", "dimensions", "user"})
 OVERRIDDEN = frozenset({"id_slot", "cache_prompt"})
 ALLOWED: Mapping[Route, frozenset[str]] = {
     Route.CHAT: CHAT | LLAMA_SAMPLING | OVERRIDDEN,
     Route.COMPLETIONS: COMPLETIONS | LLAMA_SAMPLING | OVERRIDDEN,
     Route.MESSAGES: MESSAGES | OVERRIDDEN,
+    Route.COUNT_TOKENS: COUNT_TOKENS,
+    Route.RESPONSES: RESPONSES | LLAMA_SAMPLING | OVERRIDDEN,
+    Route.EMBEDDINGS: EMBEDDINGS,
 }
-LENGTH_FIELDS = ("max_tokens", "max_completion_tokens", "n_predict")
+LENGTH_FIELDS = ("max_tokens", "max_completion_tokens", "n_predict", "max_output_tokens")
 COUNT_FIELDS = ("n", "best_of", "n_cmpl")
 PROBS_FIELDS = ("top_logprobs", "logprobs", "n_probs")
 
@@ -138,7 +158,7 @@ class FieldPolicy:
         """The request with its lengths lowered to the key's cap; FieldRejected for a field outside
         the allow-list, a value past its bound, or a shape llama-server cannot take."""
         route, body = parsed.route, parsed.body
-        anthropic = route is Route.MESSAGES
+        anthropic = route in ANTHROPIC_ROUTES
         allowed = self.allowed(route, key)
         unknown = [name for name in body if name not in allowed]
         if unknown:
@@ -153,9 +173,13 @@ class FieldPolicy:
             if not (name == "logprobs" and isinstance(body.get(name), bool)):
                 self._bounded(body, name, 0, self.max_logprobs, anthropic)
         try:
-            check_shapes(body, chat=route is Route.CHAT, anthropic=anthropic, limits=self.shapes)
+            if route is Route.RESPONSES:  # checked as the chat request llama-server makes of it
+                check_shapes(responses.to_chat_body(body), chat=True, anthropic=False, limits=self.shapes)
+            else:
+                check_shapes(body, chat=route is Route.CHAT, anthropic=anthropic, limits=self.shapes)
         except ShapeError as exc:
-            raise FieldRejected(str(exc), param=exc.param, code=exc.code, anthropic=anthropic) from None
+            message = f"{exc} (in the chat request `input` becomes)" if route is Route.RESPONSES else str(exc)
+            raise FieldRejected(message, param=exc.param, code=exc.code, anthropic=anthropic) from None
         cap = self.max_tokens.of(key)
         lowered: dict[str, int] = {}
         for name in LENGTH_FIELDS:
@@ -170,16 +194,23 @@ class FieldPolicy:
     def forwarded(self, parsed: ParsedRequest, key: str, props: PodProps | None) -> ParsedRequest:
         """The request as it goes to a pod of `props`: FieldRejected for media its model cannot take
         (llama-server answers those with a 500), and the key's length cap where the client set none."""
-        anthropic = parsed.route is Route.MESSAGES
-        if props is not None and props.modalities is not None and parsed.route is not Route.COMPLETIONS:
-            for modality, at in media_used(parsed.body, anthropic=anthropic).items():
+        route = parsed.route
+        anthropic = route in ANTHROPIC_ROUTES
+        if route in DIRECT_ROUTES:
+            return parsed  # nothing is generated: no length to cap
+        if route is Route.RESPONSES:
+            parsed = dataclasses.replace(parsed, body=responses.normalized(parsed.body))
+        media_body = responses.to_chat_body(parsed.body) if route is Route.RESPONSES else parsed.body
+        if props is not None and props.modalities is not None and route is not Route.COMPLETIONS:
+            for modality, at in media_used(media_body, anthropic=anthropic).items():
                 if modality not in props.modalities:
                     raise FieldRejected(f"`{at}` needs {modality} input, which the model `{props.model}` "
                                         "does not take.", param=at, code="unsupported_content",
                                         anthropic=anthropic)
         cap = self.max_tokens.of(key)
         if cap > 0 and all(parsed.body.get(name) is None for name in LENGTH_FIELDS):
-            return dataclasses.replace(parsed, body={**parsed.body, "max_tokens": cap})
+            name = "max_output_tokens" if route is Route.RESPONSES else "max_tokens"
+            return dataclasses.replace(parsed, body={**parsed.body, name: cap})
         return parsed
 
     @staticmethod

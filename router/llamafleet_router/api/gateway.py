@@ -2,8 +2,9 @@
 proxy, and hand the rest to the after-response hook.
 
 A pod that refuses the connection before anything was streamed is marked down and the request is
-scheduled again on the others (at most `retries` times). Every error the router answers itself is an
-OpenAI-shaped 4xx, except 503 when pods exist but none can take the request.
+scheduled again on the others (at most `retries` times). Every error the router answers itself is a
+4xx in the shape of the route's API (`error_shapes.py`), except 503 when pods exist but none can
+take the request. `/v1/messages/count_tokens` and `/v1/embeddings` skip the scheduler (`direct.py`).
 """
 
 from __future__ import annotations
@@ -20,9 +21,20 @@ from starlette.responses import Response
 
 from llamafleet_core.index.base import IndexUnavailable
 from llamafleet_core.types import Action
+from llamafleet_router.api.clock import RequestClock
+from llamafleet_router.api.direct import answer_direct
+from llamafleet_router.api.embeddings import EmbeddingPods
+from llamafleet_router.api.error_shapes import error_event_for, error_response
 from llamafleet_router.api.fields import FieldPolicy
 from llamafleet_router.api.limited import admit
-from llamafleet_router.api.parse import ParsedRequest, Route, parse_request, read_body, upstream_body
+from llamafleet_router.api.parse import (
+    DIRECT_ROUTES,
+    ParsedRequest,
+    Route,
+    parse_request,
+    read_body,
+    upstream_body,
+)
 from llamafleet_router.auth import ANONYMOUS, ApiKeys, authenticate
 from llamafleet_router.background import IndexHealth, TaskSet
 from llamafleet_router.discovery.base import Discovery
@@ -82,6 +94,7 @@ class _Finisher:
     started: float
     done: bool = field(default=False)
     permit: Permit | None = field(default=None)  # the key's place in its in-flight limit
+    clock: RequestClock | None = field(default=None)  # the client-side timings, from the arrival
 
     def __call__(self, outcome: Outcome, close: Callable[[], Awaitable[None]] | None) -> None:
         if self.done:
@@ -96,6 +109,8 @@ class _Finisher:
         if g.leases is not None and d.lease_holder is not None:
             g.leases.relinquish(d.slot_ref, d.lease_holder)
         g.metrics.requests.labels(self.req.model, self.key, str(outcome.status)).inc()
+        if self.clock is not None:
+            self.clock.finished(self.req.model, self.key, outcome)
         if outcome.error:
             g.metrics.stream_errors.inc()
         if outcome.disconnected:
@@ -139,6 +154,7 @@ class Gateway:
         self.pod_headers: dict[str, str] = {}
         self.tasks = TaskSet()
         self.in_flight = InFlight(metrics)
+        self.embedding_pods = EmbeddingPods()  # pods that said they run without `--embeddings`
         # Set in the lifespan (they need the app's HTTP client or are built from it).
         self.http: httpx.AsyncClient | None = None
         self.discovery: Discovery | None = None
@@ -223,6 +239,7 @@ class Gateway:
     async def infer(self, request: Request, route: Route) -> Response:
         key, model = ANONYMOUS, "unknown"
         permit: Permit | None = None
+        clock = RequestClock(self.metrics)  # the client's wait starts now, before the body is read
         try:
             key = authenticate(self.keys, request.headers)
             parsed = parse_request(route, await read_body(request, self.max_body_bytes, self.body_timeout_s))
@@ -233,12 +250,16 @@ class Gateway:
             self.metrics.pods_up.set(sum(pod.ready for pod in pods))
             model = resolve_model(parsed.model, pods)
             pods = self.owners.pick(model, pods)  # 503 for a name two fleets claim
+            if route in DIRECT_ROUTES:  # generates nothing: a pod of the model, no slot, no scheduling
+                accept = request.headers.get("accept", "*/*")
+                permit, held = None, permit
+                return await answer_direct(self, accept, parsed, model, pods, key, held)
             source = props_for(model, pods)
             parsed = self.fields.forwarded(parsed, key, source.props if source else None)  # media, length
             identity = self.prompts.identity(parsed, model, source.props if source else None,
                                              self.tenancy.namespace(key))
             req = SchedRequest(request_id_var.get() or "", model, identity, parsed.session_id)
-            response = await self._dispatch(request, req, parsed, key, permit)
+            response = await self._dispatch(request, req, parsed, key, permit, clock)
             permit = None  # the response's finisher gives it back, when the response ends
             return response
         except ApiError as err:
@@ -248,7 +269,7 @@ class Gateway:
                 self.metrics.client_disconnects.inc()
             log.info("request refused", extra={"status": err.status, "code": err.code, "key": key,
                                                "model": model})
-            return err.response()
+            return error_response(err, route)  # Anthropic-shaped on the Anthropic routes
         finally:
             if permit is not None:
                 permit.release()  # refused, failed or cancelled before any response
@@ -271,9 +292,10 @@ class Gateway:
 
     async def _dispatch(
         self, request: Request, req: SchedRequest, parsed: ParsedRequest, key: str,
-        permit: Permit | None = None,
+        permit: Permit | None = None, clock: RequestClock | None = None,
     ) -> Response:
         assert self.discovery is not None and self.http is not None and self.after is not None
+        clock = clock if clock is not None else RequestClock(self.metrics)
         excluded: set[str] = set()
         snapshots = self.snapshots
         for attempt in range(self.retries + 1):
@@ -292,7 +314,7 @@ class Gateway:
                     # A restore or first-sight prefill waits on the pod too: give up if it hangs.
                     decision = await unless_gone(give_up, snapshots.prepare(req, decision, pods))
                 self.tasks.spawn(self.after.dispatched(req, decision), name="record-dispatched")
-                finish = _Finisher(self, req, decision, key, time.perf_counter(), permit=permit)
+                finish = _Finisher(self, req, decision, key, time.perf_counter(), permit=permit, clock=clock)
                 return await forward(
                     self.http, url + parsed.route.value, upstream_body(parsed.body, decision.slot),
                     {"content-type": "application/json", "accept": request.headers.get("accept", "*/*"),
@@ -301,6 +323,8 @@ class Gateway:
                     on_first_byte=self._on_first_byte(req),
                     extra_headers=decision_headers(decision) if self.tenancy.routing_headers(key) else None,
                     give_up=give_up, max_response_bytes=self.max_response_bytes,
+                    error_event=error_event_for(parsed.route),
+                    on_answer_start=lambda: clock.answer_started(req.model, key),
                 )
             except PodUnreachable as exc:
                 if finish is not None:

@@ -1,5 +1,6 @@
-"""The routes that are not inference: `/v1/models`, `/health`, `/metrics`, and OpenAI-shaped errors for
-everything else (unknown paths, llama-server admin paths, wrong methods, unexpected failures).
+"""The routes that are not inference: `/health`, `/metrics` (`/v1/models` is `models.py`'s), and
+errors for everything else (unknown paths, llama-server admin paths, wrong methods, unexpected
+failures): OpenAI-shaped, Anthropic-shaped on the Anthropic routes.
 
 `/health` and `/metrics` show pod addresses, uids, busy slots, key names and per-key traffic. On the
 client port only admin keys see them (`tenancy.py`): `/health` answers everyone else `{"status"}` alone
@@ -19,10 +20,11 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from llamafleet_router.api.error_shapes import error_response
 from llamafleet_router.api.gateway import Gateway
+from llamafleet_router.api.parse import Route as ParseRoute
 from llamafleet_router.auth import authenticate
 from llamafleet_router.errors import AUTHENTICATION, NOT_FOUND, SERVER, ApiError
-from llamafleet_router.fleet import served_models
 
 log = logging.getLogger(__name__)
 
@@ -49,18 +51,6 @@ class InfoRoutes:
         except ApiError:
             return False
         return self.gateway.tenancy.is_admin(key)
-
-    async def models(self, request: Request) -> Response:
-        g = self.gateway
-        try:
-            authenticate(g.keys, request.headers)
-        except ApiError as err:
-            return err.response()
-        assert g.discovery is not None
-        pods = await g.discovery.endpoints()
-        data = [{"id": model, "object": "model", "created": 0, "owned_by": "llamafleet"}
-                for model in served_models(pods)]
-        return JSONResponse({"object": "list", "data": data})
 
     async def health(self, request: Request) -> Response:
         """200 when at least one pod is ready; the body says which pods are up and how the index is."""
@@ -122,10 +112,18 @@ async def http_error(request: Request, exc: Exception) -> Response:
                        code="method_not_allowed")
     else:
         err = ApiError(exc.status_code, str(exc.detail))
-    return err.response(dict(exc.headers or {}))
+    return error_response(err, _route(request), dict(exc.headers or {}))
 
 
 async def server_error(request: Request, exc: Exception) -> Response:
     log.error("unhandled error", exc_info=exc)
     err = ApiError(500, "The gateway failed to handle the request.", type=SERVER, code="internal_error")
-    return err.response()
+    return error_response(err, _route(request))
+
+
+def _route(request: Request) -> ParseRoute | None:
+    """The inference route of the request's path (its errors take that API's shape), if it is one."""
+    try:
+        return ParseRoute(request.url.path)
+    except ValueError:
+        return None

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from llamafleet_router.api.parse import Route
+from llamafleet_router.api.parse import ANTHROPIC_ROUTES, DIRECT_ROUTES, Route
 from llamafleet_router.errors import ApiError
 from llamafleet_router.limits import KeyLimiter, LimitConfig, PerKey, Permit, Refusal
 from llamafleet_router.settings import RouterSettings
 
 # The fields that bound a completion's length, by API: OpenAI's (old and new), llama-server's own.
-_LENGTH_FIELDS = ("max_tokens", "max_completion_tokens", "n_predict")
+_LENGTH_FIELDS = ("max_tokens", "max_completion_tokens", "n_predict", "max_output_tokens")
 
 
 def limiter_from_settings(settings: RouterSettings) -> KeyLimiter:
@@ -52,7 +52,9 @@ def admit(limiter: KeyLimiter, key: str, route: Route, body: dict[str, Any]) -> 
     past one of the key's limits."""
     if not limiter.enabled:
         return None
-    outcome = limiter.admit(key, charged_tokens(body, limiter.config.default_tokens))
+    # Counting tokens and embedding generate nothing: they count as requests, not completion tokens.
+    tokens = 0 if route in DIRECT_ROUTES else charged_tokens(body, limiter.config.default_tokens)
+    outcome = limiter.admit(key, tokens)
     if isinstance(outcome, Refusal):
-        raise RateLimited(outcome, anthropic=route is Route.MESSAGES)
+        raise RateLimited(outcome, anthropic=route in ANTHROPIC_ROUTES)
     return outcome

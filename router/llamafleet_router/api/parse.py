@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from starlette.requests import ClientDisconnect
 
+from llamafleet_router.api.embeddings import check_embeddings_input
+from llamafleet_router.api.responses import check_responses_input
 from llamafleet_router.errors import ApiError, ClientGone, bad_request
 
 if TYPE_CHECKING:
@@ -28,6 +30,15 @@ class Route(StrEnum):
     CHAT = "/v1/chat/completions"
     COMPLETIONS = "/v1/completions"
     MESSAGES = "/v1/messages"
+    COUNT_TOKENS = "/v1/messages/count_tokens"  # Anthropic's, answered by a pod without a slot
+    RESPONSES = "/v1/responses"
+    EMBEDDINGS = "/v1/embeddings"
+
+
+#: Routes whose body is Anthropic's (their errors are Anthropic-shaped too).
+ANTHROPIC_ROUTES = frozenset({Route.MESSAGES, Route.COUNT_TOKENS})
+#: Routes that generate nothing: sent to a pod of the model without scheduling a slot.
+DIRECT_ROUTES = frozenset({Route.COUNT_TOKENS, Route.EMBEDDINGS})
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,8 +97,12 @@ def parse_request(route: Route, raw: bytes) -> ParsedRequest:
         raise bad_request("`stream` must be a boolean.", param="stream", code="invalid_type")
     if route is Route.COMPLETIONS:
         _check_prompt(body)
+    elif route is Route.RESPONSES:
+        check_responses_input(body)
+    elif route is Route.EMBEDDINGS:
+        check_embeddings_input(body)
     else:
-        _check_messages(body, anthropic=route is Route.MESSAGES)
+        _check_messages(body, anthropic=route in ANTHROPIC_ROUTES)
     return ParsedRequest(route, body, model or None, stream, _session_id(body))
 
 

@@ -182,7 +182,8 @@ def extends_strictly(prompt: PromptLike, snap: SnapshotRef) -> bool:
     text = getattr(prompt, "text", None)
     if not isinstance(text, str) or not snap.text_hash:
         return True
-    return len(text) > snap.n_chars and snap.extended_by(text)
+    hasher = getattr(prompt, "hasher", None)  # PromptIdentity's: the fleet's key, the key's tenant
+    return len(text) > snap.n_chars and snap.extended_by(text, hasher if callable(hasher) else None)
 
 
 def usable_snapshots(

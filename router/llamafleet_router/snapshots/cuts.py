@@ -20,14 +20,16 @@ before where this prompt stops matching another known prompt (see `divergence_po
 
 **Names.** `<kind>-<text_hash>-<n_chars>`: the name alone tells which exact text a snapshot holds, so
 snapshots listed by an agent after a restart can be recorded again with their exact identity (the
-manifest keeps only blocks and tokens).
+manifest keeps only blocks and tokens). `text_hash` is keyed with the fleet's `prefix_key` and the
+tenant's namespace (`types.exact_text_hash`): a name tells nothing to whoever lacks the key, and the
+same key (kept across restarts) names the same text alike.
 """
 
 from __future__ import annotations
 
 import re
 from bisect import bisect_left
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from llamafleet_core.snapshot import SnapshotManifest, valid_snapshot_name
@@ -227,6 +229,7 @@ def divergence_point(text: str, common_chars: int, *, min_chars: int) -> int | N
 
 def held_stage(
     text: str, session_chars: int, held_chars: int, snapshots: Sequence[SnapshotRef], *, window: int,
+    hasher: Callable[[str], str] | None = None,
 ) -> SnapshotRef | None:
     """The longest snapshot of `text` ending within `window` characters before the session prefix's
     end and not past what the slot holds (`held_chars`): the stage a detached build can start from while
@@ -236,6 +239,6 @@ def held_stage(
         tail = session_chars - snap.n_chars
         if not snap.text_hash or not 0 < tail <= window or snap.n_chars > held_chars:
             continue
-        if (best is None or snap.n_chars > best.n_chars) and snap.extended_by(text):
+        if (best is None or snap.n_chars > best.n_chars) and snap.extended_by(text, hasher):
             best = snap
     return best

@@ -34,7 +34,13 @@ from llamafleet_router.background import TaskSet
 from llamafleet_router.scheduling.framework import Decision, SchedRequest
 from llamafleet_router.scheduling.lookup_view import snapshot_tags
 from llamafleet_router.snapshots.base import SnapshotConfig, SnapshotMetrics
-from llamafleet_router.snapshots.first_sight import Prompt, StagedPrefill, StageFlights, StageKeys
+from llamafleet_router.snapshots.first_sight import (
+    FlightKey,
+    Prompt,
+    StagedPrefill,
+    StageFlights,
+    StageKeys,
+)
 from llamafleet_router.snapshots.restore import Restored, RestoreExecutor
 
 log = logging.getLogger(__name__)
@@ -66,8 +72,6 @@ class BorrowSlot(Protocol):
         self, req: SchedRequest, *, pod_uid: str | None = None, min_idle: int = 1,
         avoid: frozenset[int] = frozenset(),
     ) -> Awaitable[Borrowed | None]: ...
-
-FlightKey = tuple[str, str]  # (model, session prefix hash)
 
 
 class DetachedBuilds:

@@ -12,6 +12,9 @@ take milliseconds; the prefill is what a cold request would have cost anyway.
 
 `Flights` makes this single-flight inside one router replica: a request whose session prefix is being
 built by another request waits for that snapshot and restores it instead of computing the same tokens.
+A flight is keyed by the tenant group too (`FlightKey`): with `key_tenants`, one group's request never
+joins another group's build, which would share work across the isolation boundary and tell it, by
+the wait, that the other group sent that head.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import httpx
 from llamafleet_core.agent_client import AgentClient, AgentError
 from llamafleet_core.index.base import PrefixIndex
 from llamafleet_core.llama_client import LlamaClient, LlamaError
-from llamafleet_core.types import Endpoint, SnapshotRef, exact_text_hash
+from llamafleet_core.types import UNKEYED, Endpoint, SnapshotRef, TextHasher
 from llamafleet_router.snapshots.base import SnapshotConfig, SnapshotMetrics, failure_kind
 from llamafleet_router.snapshots.cuts import TokenEnds, snapshot_name, stage_points
 
@@ -38,13 +41,16 @@ log = logging.getLogger(__name__)
 _PREFILL_TIMEOUT_S = 900.0  # a long prefix on a slow pod; the slot lease outlives it
 
 
+FlightKey = tuple[str, str, str]  # (model, tenant namespace, exact text hash of the prefix)
+
+
 class Flights:
-    """In-process single flight keyed by (model, exact text hash of the session prefix)."""
+    """In-process single flight keyed by `FlightKey` (`Prompt.flight_key`)."""
 
     def __init__(self) -> None:
-        self._running: dict[tuple[str, str], asyncio.Future[SnapshotRef | None]] = {}
+        self._running: dict[FlightKey, asyncio.Future[SnapshotRef | None]] = {}
 
-    def join(self, key: tuple[str, str]) -> tuple[bool, asyncio.Future[SnapshotRef | None]]:
+    def join(self, key: FlightKey) -> tuple[bool, asyncio.Future[SnapshotRef | None]]:
         """(True, future) for the new leader, who must call `finish`; (False, future) for a waiter."""
         running = self.running(key)
         if running is not None:
@@ -53,16 +59,16 @@ class Flights:
         self._running[key] = future
         return True, future
 
-    def open(self, key: tuple[str, str]) -> bool:
+    def open(self, key: FlightKey) -> bool:
         """Start a flight for `key` unless one runs (True: the caller owns it and must `finish` it)."""
         return self.join(key)[0]
 
-    def running(self, key: tuple[str, str]) -> asyncio.Future[SnapshotRef | None] | None:
+    def running(self, key: FlightKey) -> asyncio.Future[SnapshotRef | None] | None:
         """The flight building `key`, if one runs (without joining it)."""
         running = self._running.get(key)
         return running if running is not None and not running.done() else None
 
-    def finish(self, key: tuple[str, str], result: SnapshotRef | None) -> None:
+    def finish(self, key: FlightKey, result: SnapshotRef | None) -> None:
         future = self._running.pop(key, None)
         if future is not None and not future.done():
             future.set_result(result)
@@ -71,7 +77,7 @@ class Flights:
         return len(self._running)
 
 
-StageKeys = dict[int, tuple[str, str]]  # stage cut (chars) -> its flight key
+StageKeys = dict[int, FlightKey]  # stage cut (chars) -> its flight key
 
 
 def _first_cut(points: Sequence[int], extra: Sequence[int], block_chars: int, session_chars: int,
@@ -92,7 +98,7 @@ class StageFlights:
 
     Two workspaces' first sessions, started together, share everything before their workspace blocks;
     keyed by exact session prefix only, each would compute that part. A leader opens a flight per stage
-    it will save (keyed like a session prefix: model and exact text hash of the text up to the cut) and
+    it will save (keyed like a session prefix: model, tenant and text hash of the text up to the cut) and
     ends each as soon as that stage is saved; a request whose own prefix nobody builds waits for the
     latest of its stages in flight, restores it and builds only the rest."""
 
@@ -102,7 +108,7 @@ class StageFlights:
 
     def keys(self, prompt: Prompt, after_chars: int) -> StageKeys:
         """Flight keys of the prompt's stage points past `after_chars` (the points the build uses)."""
-        return {c: (prompt.model, exact_text_hash(prompt.text[:c]))
+        return {c: prompt.flight_key(c)
                 for c in prompt_stages(prompt, self._config) if after_chars < c < prompt.session_chars}
 
     def open(self, prompt: Prompt, after_chars: int) -> StageKeys:
@@ -124,12 +130,21 @@ class StageFlights:
 
 @dataclass(frozen=True, slots=True)
 class Prompt:
-    """What first sight needs of a request's identity."""
+    """What first sight needs of a request's identity. `hasher`: the identity's (its key, its tenant)."""
 
     model: str
     text: str
     blocks: tuple[str, ...]
     session_chars: int
+    hasher: TextHasher = UNKEYED
+
+    def text_hash(self, chars: int) -> str:
+        """The exact identity of `text[:chars]`: what a snapshot of it is named and recorded by."""
+        return self.hasher(self.text[:chars])
+
+    def flight_key(self, chars: int) -> FlightKey:
+        """The single flight building `text[:chars]`: one per model, tenant group and exact text."""
+        return self.model, self.hasher.namespace, self.text_hash(chars)
 
 
 async def tokenize_pieces(http: httpx.AsyncClient, url: str, text: str,
@@ -240,7 +255,7 @@ class StagedPrefill:
         done = start_tokens
         for chars, n in cuts:
             kind = "dv" if chars in extra_cuts and chars not in points else "st"
-            if (exact_text_hash(prompt.text[:chars]), chars) in known:
+            if (prompt.text_hash(chars), chars) in known:
                 continue
             if n != held:  # (the early prefill holds exactly this stage when its count matches)
                 with spent("prefill"):
@@ -279,7 +294,7 @@ class StagedPrefill:
         self, agent: AgentClient, prompt: Prompt, target: Endpoint, slot: int, kind: str, chars: int,
         tokens: list[int],
     ) -> SnapshotRef | None:
-        text_hash = exact_text_hash(prompt.text[:chars])
+        text_hash = prompt.text_hash(chars)
         name = snapshot_name(kind, text_hash, chars)
         blocks = list(prompt.blocks[: chars // self._config.block_chars])
         if not blocks:

@@ -30,7 +30,7 @@ from dataclasses import replace
 import httpx
 
 from llamafleet_core.index.base import PrefixIndex
-from llamafleet_core.types import Action, SnapshotRef, exact_text_hash
+from llamafleet_core.types import UNKEYED, Action, SnapshotRef, TextHasher
 from llamafleet_router.background import TaskSet
 from llamafleet_router.discovery.base import PodStatus
 from llamafleet_router.scheduling.framework import ANY_SLOT, Decision, SchedRequest
@@ -39,7 +39,14 @@ from llamafleet_router.snapshots.base import SnapshotConfig, SnapshotMetrics
 from llamafleet_router.snapshots.cuts import held_stage
 from llamafleet_router.snapshots.detached import DETACH_MAX_TAIL_CHARS, BorrowSlot, DetachedBuilds
 from llamafleet_router.snapshots.families import HeadFamilies
-from llamafleet_router.snapshots.first_sight import Flights, Prompt, StagedPrefill, StageFlights, StageKeys
+from llamafleet_router.snapshots.first_sight import (
+    FlightKey,
+    Flights,
+    Prompt,
+    StagedPrefill,
+    StageFlights,
+    StageKeys,
+)
 from llamafleet_router.snapshots.peers import peer_agents
 from llamafleet_router.snapshots.prime import PrimedSlots, Primer
 from llamafleet_router.snapshots.restore import Restored, RestoreExecutor, RestoreFailure
@@ -68,7 +75,7 @@ class SnapshotFlow:
         self.flights = Flights()
         self.stage_flights = StageFlights(self.flights, config)
         self.families = HeadFamilies(index=index, tasks=tasks, config=config)
-        self._known: dict[tuple[str, str], float] = {}
+        self._known: dict[FlightKey, float] = {}
         self.primer = Primer(http=http, index=index, restorer=self.restorer, metrics=metrics, tasks=tasks,
                              slots=PrimedSlots(), api_key=config.pod_api_key)
         # Set by the gateway: lends an idle slot (leased, counted in flight) to a background build.
@@ -116,8 +123,8 @@ class SnapshotFlow:
         prompt = _prompt(req)
         if prompt is None or not self._worth_first_sight(prompt, decision, restored):
             return decision
-        session_hash = exact_text_hash(prompt.text[: prompt.session_chars])
-        key = (prompt.model, session_hash)
+        key = prompt.flight_key(prompt.session_chars)  # per tenant group: never another group's build
+        session_hash = key[2]
         if restored is not None and (restored.snapshot.text_hash, restored.snapshot.n_chars) == (
             session_hash, prompt.session_chars
         ):
@@ -151,7 +158,7 @@ class SnapshotFlow:
         known = frozenset((s.text_hash, s.n_chars) for s in lookup.snapshots if s != failed)
         base = restored.snapshot if restored is not None else held_stage(
             prompt.text, prompt.session_chars, (decision.predicted_blocks + 1) * self.config.block_chars,
-            [x for x in lookup.snapshots if x != failed], window=DETACH_MAX_TAIL_CHARS)
+            [x for x in lookup.snapshots if x != failed], window=DETACH_MAX_TAIL_CHARS, hasher=prompt.hasher)
         tail = prompt.session_chars - base.n_chars if base is not None else 0
         learn = self.families.cuts_for(prompt, lookup, restored.snapshot if restored else None)
         if base is not None and self.borrow is not None and 0 < tail <= DETACH_MAX_TAIL_CHARS:
@@ -196,7 +203,7 @@ class SnapshotFlow:
         return replace(decision, action=Action.COMPUTE, snapshot=None, predicted_blocks=session_blocks,
                        branch="first_sight")
 
-    def _finish(self, key: tuple[str, str], stages: StageKeys, ref: SnapshotRef | None) -> None:
+    def _finish(self, key: FlightKey, stages: StageKeys, ref: SnapshotRef | None) -> None:
         self.stage_flights.finish(stages)
         self.flights.finish(key, ref)
 
@@ -270,11 +277,11 @@ class SnapshotFlow:
         return replace(decision, action=Action.RESTORE, snapshot=outcome.snapshot,
                        predicted_blocks=ref.n_blocks, branch="first_sight_wait")
 
-    def _is_known(self, key: tuple[str, str]) -> bool:
+    def _is_known(self, key: FlightKey) -> bool:
         deadline = self._known.get(key)
         return deadline is not None and deadline > time.monotonic()
 
-    def _remember(self, key: tuple[str, str]) -> None:
+    def _remember(self, key: FlightKey) -> None:
         if len(self._known) >= _KNOWN_MAX:
             now = time.monotonic()
             self._known = {k: d for k, d in self._known.items() if d > now}
@@ -293,7 +300,9 @@ def _prompt(req: SchedRequest) -> Prompt | None:
     session = getattr(req.prompt, "shared_chars", getattr(req.prompt, "session_prefix_chars", None))
     if not isinstance(text, str) or not isinstance(session, int):
         return None
-    return Prompt(req.model, text, tuple(req.prompt.blocks), session)
+    hasher = getattr(req.prompt, "hasher", None)
+    return Prompt(req.model, text, tuple(req.prompt.blocks), session,
+                  hasher if isinstance(hasher, TextHasher) else UNKEYED)
 
 
 def _result(task: asyncio.Future[SnapshotRef | None]) -> SnapshotRef | None:
