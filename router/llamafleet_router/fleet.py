@@ -64,6 +64,10 @@ class InFlight:
     def busy_slots(self, uid: str) -> frozenset[int]:
         return frozenset(slot for (pod, slot), n in self._slots.items() if pod == uid and n > 0)
 
+    def slot_requests(self, uid: str) -> dict[int, int]:
+        """Requests pinned to each slot of the pod (running or waiting there): a copy."""
+        return {slot: n for (pod, slot), n in self._slots.items() if pod == uid and n > 0}
+
     def last_used(self, uid: str) -> dict[int, int]:
         """When each slot of the pod was last released (sequence numbers, larger is later): a copy."""
         return dict(self._released.get(uid, ()))
@@ -110,6 +114,7 @@ def endpoint_states(
             endpoint=pod.endpoint,
             busy_slots=in_flight.busy_slots(pod.endpoint.uid),
             slot_last_used=in_flight.last_used(pod.endpoint.uid),
+            slot_requests=in_flight.slot_requests(pod.endpoint.uid),
             in_flight=in_flight.count(pod.endpoint.uid),
             healthy=True,
         )

@@ -67,6 +67,6 @@ def test_fuzzing_a_real_pod_gets_no_5xx_and_forwards_only_allowed_fields(
     reached = {r.path for r in proxy.forwarded if r.method == "POST"}
     # Generated bodies did reach the server (the property is not vacuous); few valid Anthropic bodies
     # come out of 15 examples, so /v1/messages may have none.
-    assert {"/v1/chat/completions", "/v1/completions"} <= reached, (reached, answered)
+    assert {"/v1/chat/completions", "/v1/completions", "/v1/messages"} <= reached, (reached, answered)
     posted = [(r.path, r.json_body()) for r in proxy.forwarded if r.method == "POST"]
     assert off_the_list(posted, served.settings, KEY) == []

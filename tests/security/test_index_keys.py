@@ -4,6 +4,10 @@
   prompt without the key finds none of the entries the gateway wrote for that very prompt (real Redis,
   real gateway); the operator's warming, with the same secret from its own settings, computes the chain
   the gateway looks up for a first turn starting with the SharedPrefix;
+- so are the other hashes of prompt text: snapshot names and text hashes (in Redis, in the agents'
+  folders and manifests; real pods, agents and Redis), head families' cut chains and divergence points
+  (real gateway and Redis over fake pods): no stored value is an unkeyed hash of any prefix of the
+  prompt, another key stores other names, and a gateway restarted with the kept key finds its snapshots;
 - the gateway's Redis key prefix is a setting (`index_prefix`): a real `llamafleet router` finds its
   membership and writes its index under it; the chart gives the gateway and the operator one prefix
   (the release name unless `redis.keyPrefix`) and one prefix key (the master agent token they mount).

@@ -142,8 +142,11 @@ class ScenarioResult:
             self.stale_connection += verdict == FAILED and any(m in r.detail for m in markers)
             if verdict != SUCCEEDED and len(self.checks.setdefault("not_succeeded", [])) < 5:
                 what = r.error or r.detail or ("SSE error event" if r.error_event else "no terminal event")
+                # Where and for how long: a request lost in a pod's queue reads apart from a hang.
+                where = f" on {r.pod}#{r.slot}" if r.pod else ""
                 self.checks["not_succeeded"].append(
-                    f"#{r.n} {verdict}: status {r.status}, {r.action or 'no decision'}, {what}"[:200])
+                    f"#{r.n} {verdict}: status {r.status}, {r.action or 'no decision'}{where}, {what}, "
+                    f"{r.ended - r.started:.1f}s"[:240])
 
     @property
     def other_failed(self) -> int:

@@ -9,25 +9,33 @@ import kopf
 from llamafleet_core.labels import GROUP, VERSION
 from llamafleet_operator.handlers.events import EventLogger
 from llamafleet_operator.kube import KubeError
-from llamafleet_operator.reconcile.context import InvalidSpec
+from llamafleet_operator.reconcile.context import Context, InvalidSpec
 from llamafleet_operator.reconcile.fleet import forget_fleet, reconcile_fleet
 from llamafleet_operator.settings import OperatorSettings
 
 PLURAL = "llamafleets"
 
 
-async def reconcile_fn(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
+async def _locked(memo: kopf.Memo, uid: str, body: kopf.Body, logger: kopf.Logger) -> None:
+    ctx: Context = memo.ctx
+    # The timer and the change handlers of one fleet may overlap: one reconcile at a time, so that each
+    # starts from the status the one before wrote (and posts an event for a change only once).
+    async with ctx.lock(uid):
+        await reconcile_fleet(ctx, body, EventLogger(body, logger, "Reconcile"))
+
+
+async def reconcile_fn(uid: str, body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     try:
-        await reconcile_fleet(memo.ctx, body, EventLogger(body, logger, "Reconcile"))
+        await _locked(memo, uid, body, logger)
     except InvalidSpec as exc:
         raise kopf.PermanentError(f"invalid spec: {exc}") from exc
     except KubeError as exc:
         raise kopf.TemporaryError(f"Kubernetes API: {exc}", delay=5) from exc
 
 
-async def timer_fn(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
+async def timer_fn(uid: str, body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     try:
-        await reconcile_fleet(memo.ctx, body, EventLogger(body, logger, "Reconcile"))
+        await _locked(memo, uid, body, logger)
     except InvalidSpec:
         return  # the status already says why; the next spec change runs the update handler
 

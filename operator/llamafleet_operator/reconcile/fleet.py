@@ -107,7 +107,11 @@ async def reconcile_fleet(ctx: Context, body: Mapping[str, Any],
     """Make the children match the spec; write and return the status. `InvalidSpec` on a bad spec."""
     meta = dict(body.get("metadata") or {})
     namespace, name = meta["namespace"], meta["name"]
-    previous = dict(body.get("status") or {})
+    # The stored status, not the body's: a handler that waited for another reconcile of this fleet
+    # holds a body from before that one wrote (handlers/fleet.py), and conditions and events compare
+    # against what was written last.
+    stored = await ctx.kube.get(API, "LlamaFleet", namespace, name)
+    previous = dict((stored if stored is not None else body).get("status") or {})
     try:
         fleet = parse_fleet(body)
     except InvalidSpec as exc:

@@ -126,6 +126,7 @@ async def reconcile_prefix(ctx: Context, body: Mapping[str, Any], logger: Log) -
     await _write(ctx, body, status)
 
     old = snapshot_of(name, previous.get("hash"))
+    logger.info(f"DEBUGX old={old} new={result.snapshot} prevhash={previous.get('hash')}")
     prefixes = await fleet_prefixes(ctx, namespace, fleet_name)
     await declare_required(ctx, pods, prefixes, logger)
     if old and result.snapshot and old != result.snapshot:

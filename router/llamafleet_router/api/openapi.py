@@ -48,6 +48,10 @@ _ANTHROPIC_ERROR = {
 _SSE_EVENT = {"type": "object", "required": ["data"], "properties": {"data": {"type": "string"}}}
 
 _CONTENT = {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "object"}}]}
+# Anthropic text as the shape checks take it (`api/shapes.py`): a string, or text blocks, never empty.
+_ANTHROPIC_TEXT = {"oneOf": [{"type": "string"}, {"type": "array", "minItems": 1, "items": {
+    "type": "object", "required": ["type", "text"],
+    "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}}]}
 
 _LENGTH = {"type": "integer", "minimum": 0, "description": "Lowered to the key's `max_tokens_per_request`."}
 _COMMON_BODY: dict[str, Any] = {
@@ -120,11 +124,15 @@ def openapi_document(title: str = "llamafleet gateway", version: str = "0.1.0") 
             {"type": "string"}, {"type": "array", "minItems": 1, "items": {"type": "string"}},
             {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}},
         ]})}
-    anthropic_messages = {"type": "array", "minItems": 1, "items": _message("user", "assistant")}
+    # At least one user message that asks something: without one the templates raise (`api/shapes.py`).
+    anthropic_messages = {"type": "array", "minItems": 1, "items": {
+        "type": "object", "required": ["role", "content"], "properties": {
+            "role": {"type": "string", "enum": ["user", "assistant"]}, "content": _ANTHROPIC_TEXT}},
+        "contains": {"type": "object", "required": ["role"], "properties": {"role": {"const": "user"}}}}
     messages = {"type": "object", "required": ["messages", "max_tokens"], "additionalProperties": False,
-                "properties": _fields(Route.MESSAGES, system=_CONTENT, messages=anthropic_messages)}
+                "properties": _fields(Route.MESSAGES, system=_ANTHROPIC_TEXT, messages=anthropic_messages)}
     count = {"type": "object", "required": ["messages"], "additionalProperties": False,
-             "properties": _fields(Route.COUNT_TOKENS, system=_CONTENT, messages=anthropic_messages)}
+             "properties": _fields(Route.COUNT_TOKENS, system=_ANTHROPIC_TEXT, messages=anthropic_messages)}
     unsupported = {"description": "Not supported: a value (other than null, false or empty) gets a 400."}
     responses = {"type": "object", "required": ["input"], "additionalProperties": False,
                  "properties": _fields(

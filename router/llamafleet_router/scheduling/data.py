@@ -98,6 +98,9 @@ class EndpointState:
     # never used are absent). Among slots that score alike, the one used longest ago is overwritten
     # first, so a conversation between two turns keeps its slot (candidates.py).
     slot_last_used: Mapping[int, int] = field(default_factory=dict, compare=False)
+    # This router's requests pinned to each slot, running or deferred there (absent: none): a queued
+    # request joins the shortest queue of the slots that hold its prefix alike.
+    slot_requests: Mapping[int, int] = field(default_factory=dict, compare=False)
     # Computed once at construction: filters and scorers read it per request, often per candidate.
     idle_slots: tuple[int, ...] = field(init=False, repr=False, compare=False)
 

@@ -27,15 +27,17 @@ def pod_best_blocks(lookup: Lookup, pod_uid: str) -> int:
     return max((n for ref, n in lookup.slots.items() if ref.pod_uid == pod_uid), default=0)
 
 
-def pod_best_slot(lookup: Lookup, pod_uid: str, n_slots: int) -> tuple[int, int] | None:
-    """(slot, blocks) of the slot of this pod holding the most; lowest slot id on ties; None if none."""
-    best: tuple[int, int] | None = None
+def pod_best_slots(lookup: Lookup, pod_uid: str, n_slots: int) -> tuple[tuple[int, ...], int] | None:
+    """(slots, blocks): every slot of this pod holding the most (ascending ids) and how much; None if
+    none holds anything."""
+    most, slots = 0, []
     for ref, n in lookup.slots.items():
-        if ref.pod_uid != pod_uid or not 0 <= ref.slot < n_slots or n <= 0:
+        if ref.pod_uid != pod_uid or not 0 <= ref.slot < n_slots or n < most or n <= 0:
             continue
-        if best is None or n > best[1] or (n == best[1] and ref.slot < best[0]):
-            best = (ref.slot, n)
-    return best
+        if n > most:
+            most, slots = n, []
+        slots.append(ref.slot)
+    return (tuple(sorted(slots)), most) if slots else None
 
 
 def held_blocks(lookup: Lookup, endpoint: Endpoint, slot: int, prompt: PromptLike | None = None) -> int:

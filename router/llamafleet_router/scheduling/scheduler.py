@@ -10,8 +10,9 @@ Fallbacks, none of which fails the request:
   `session_affinity` when the session's previous slot won); the action is DIRECT, since nothing is known;
 - a slot's lease is held by another router replica: try the next candidate (at most `leases.max_attempts`);
 - no idle slot, or every lease taken: a `queued` decision without a lease for the best endpoint, pinned
-  to its slot holding the most of the prefix (llama-server defers a pinned task until that slot frees),
-  or to any slot when none holds anything;
+  to its slot holding the most of the prefix (llama-server defers a pinned task until that slot frees;
+  among slots holding it alike, the one with the fewest of this router's requests), or to any slot
+  when none holds anything;
 - the lease store raises (Redis down): proceed without a lease.
 Only an empty endpoint set after a filter (nothing healthy, unknown model) raises `NoEndpointError`.
 
@@ -56,7 +57,7 @@ from llamafleet_router.scheduling.framework import (
     SlotLeasesLike,
     SlotNominator,
 )
-from llamafleet_router.scheduling.lookup_view import pod_best_slot
+from llamafleet_router.scheduling.lookup_view import pod_best_slots
 from llamafleet_router.scheduling.plugins.scorers.session_affinity import SessionAffinityScorer
 from llamafleet_router.scheduling.registry import Registry, build_plugins, register_builtin_plugins
 from llamafleet_router.scheduling.speeds import SpeedBook
@@ -244,10 +245,17 @@ class Scheduler:
             return Decision(survivors[0].endpoint, ANY_SLOT, Action.DIRECT, None, 0, "queued")
         top = ranked[0]
         endpoint = top.candidate.endpoint
-        best = pod_best_slot(state.read(LOOKUP, Lookup()), endpoint.pod.uid, endpoint.n_slots)
+        best = pod_best_slots(state.read(LOOKUP, Lookup()), endpoint.pod.uid, endpoint.n_slots)
         if best is not None:
-            held = min(best[1], len(req.prompt.blocks))
-            return Decision(endpoint, best[0], Action.DIRECT, None, held, "queued")
+            slots, blocks = best
+            # Slots that hold the prefix alike (a SharedPrefix is in every slot): join the shortest of
+            # their queues. Pinned to the lowest id, every queued request waited behind all the others
+            # there while the pod's other slots freed and went to newcomers: 2 slots and 4 clients
+            # made 3 answers' wait on slot 0, past a client's 30 s on a loaded machine.
+            waiting = top.candidate.state.slot_requests
+            slot = min(slots, key=lambda s: (waiting.get(s, 0), s))
+            held = min(blocks, len(req.prompt.blocks))
+            return Decision(endpoint, slot, Action.DIRECT, None, held, "queued")
         slot = top.candidate.slot if self._is_session_slot(top) else ANY_SLOT
         return Decision(endpoint, slot, Action.DIRECT, None, 0, "queued")
 

@@ -11,7 +11,7 @@ from llamafleet_router.scheduling.config import default_config
 from llamafleet_router.scheduling.framework import ANY_SLOT, EndpointState, NoEndpointError
 from llamafleet_router.scheduling.scheduler import Scheduler
 
-from .fakes import FakeIndex, FakeLeases, request, slot, snapshot, state
+from .fakes import MODEL, FakeIndex, FakeLeases, request, slot, snapshot, state
 
 
 def make(
@@ -163,6 +163,32 @@ async def test_queues_on_the_slot_holding_most_of_the_prefix_when_all_slots_are_
         None,
         7,
     )
+
+
+async def test_queued_requests_join_the_shortest_queue_of_the_slots_holding_the_prefix_alike() -> None:
+    """Both slots of the only pod hold the SharedPrefix and are busy. Each queued request is pinned to
+    the slot with the fewest of the gateway's requests (as `InFlight` counts them, through
+    `endpoint_states`), so three of them split 2 and 1 instead of all waiting behind slot 0 while
+    slot 1 frees and goes to newcomers (seen in the llama-server kill scenario: one request lost)."""
+    from prometheus_client import CollectorRegistry
+
+    from llamafleet_router.discovery.base import PodProps, PodStatus
+    from llamafleet_router.fleet import InFlight, endpoint_states
+    from llamafleet_router.metrics import RouterMetrics
+
+    pod = state("a", n_slots=2).endpoint
+    flight = InFlight(RouterMetrics(CollectorRegistry()))
+    for running in (0, 1):  # one leased request on each slot
+        flight.begin(pod.uid, pod.url, running)
+    sched = make(FakeIndex(Lookup(slots={slot("a", 0): 7, slot("a", 1): 7})))
+    pinned = []
+    for i in range(3):
+        eps = endpoint_states(MODEL, [PodStatus(pod, PodProps(MODEL, 2))], flight)
+        d = await sched.schedule(request(request_id=f"q{i}"), eps)
+        assert (d.branch, d.lease_holder, d.predicted_blocks) == ("queued", None, 7)
+        flight.begin(pod.uid, pod.url, d.slot)  # as the gateway counts it until it ends
+        pinned.append(d.slot)
+    assert pinned == [0, 1, 0]
 
 
 async def test_queued_request_without_any_match_is_not_pinned() -> None:
