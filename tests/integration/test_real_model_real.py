@@ -23,7 +23,7 @@ from llamafleet_local.real_models import ensure_real_model
 from llamafleet_local.up.contexts import slot_context, trained_context
 from llamafleet_local.workload import WorkloadSpec, make_profile
 from tests.fixtures.llama import StartLlamaServer
-from tests.integration.gateway_bed import Answer, chat, gateway
+from tests.integration.gateway_bed import Answer, chat, gateway, settled
 from tests.integration.snapshot_bed import TOKEN, agent_pod, metric_reaches
 from tests.integration.test_snapshots_real import (
     _agreement,
@@ -96,6 +96,7 @@ async def test_greedy_answers_on_a_real_model_equal_a_cold_run_when_routed_and_r
             first = await chat(http, gw.url, body)
             assert first.action == "compute/first_sight", first.action
             assert agrees(first)
+            await settled(gw)  # the first answer's slot is in the index before the next lookup
             again = await chat(http, gw.url, body)
             assert again.action == "direct/slot_hit" and again.cache_n > 0.9 * again.prompt_tokens, again
             assert agrees(again)

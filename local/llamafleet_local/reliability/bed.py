@@ -106,15 +106,17 @@ class Bed:
         return chat_body(self.model, system, QUESTIONS[i % len(QUESTIONS)], stream=stream,
                          max_tokens=max_tokens)
 
-    async def pod_entries(self, uid: str, bodies: Sequence[dict[str, Any]]) -> int:
-        """Index entries naming pod `uid`: its snapshots plus its slots holding any of `bodies`' chains."""
+    async def pod_entries(self, uid: str, chains: Sequence[tuple[str, ...]]) -> int:
+        """Index entries naming pod `uid`: its snapshots plus its slots holding any of `chains` (from
+        `chains(bodies)`, made once). The reads go together: a scenario polls this to time a purge, and
+        one after another on a loaded machine they took seconds, which the purge was then charged."""
         assert self.fleet.index is not None
         index = self.fleet.index.index
-        count = len(await index.snapshots(self.model, uid))
-        for chain in await self.chains(bodies):
-            found = await _patiently(functools.partial(index.lookup, self.model, chain))
-            count += sum(1 for ref in found.slots if ref.pod_uid == uid)
-        return count
+        snaps, found = await asyncio.gather(
+            _patiently(functools.partial(index.snapshots, self.model, uid)),
+            asyncio.gather(*(_patiently(functools.partial(index.lookup, self.model, chain))
+                             for chain in chains)))
+        return len(snaps) + sum(ref.pod_uid == uid for lookup in found for ref in lookup.slots)
 
     async def chains(self, bodies: Sequence[dict[str, Any]]) -> list[tuple[str, ...]]:
         props = (await self.http.get(self.pod(0).layout.llama_url + "/props")).json()

@@ -47,7 +47,7 @@ async def kill_server(bed: Bed) -> ScenarioResult:
     victim = bed.pod(1)
     uid, name = victim.layout.llama_url, victim.name
     refs = await bed.references(REFERENCE_TOKENS)
-    probes = [bed.body(i) for i in range(len(QUESTIONS))]
+    probes = await bed.chains([bed.body(i) for i in range(len(QUESTIONS))])
     moved_before = bed.sample("llamafleet_router_upstream_retries_total")
     bed.fleet.options.restart_delay = RESTART_DELAY_S
     load = Load(bed.http, [bed.url], _body(bed), count=400, concurrency=4, timeout=30.0)
@@ -136,7 +136,7 @@ async def kill_server(bed: Bed) -> ScenarioResult:
              f"a cut stream ended only {r.checks['cut_streams_ended_after_s']}s after the kill")
     r.expect(not not_streaming_failed,
              f"{len(not_streaming_failed)} requests not yet streaming failed instead of moving pods")
-    r.expect(purge_s is not None and entries_at_limit == 0,
+    r.expect(purge_s is not None and purge_s <= PURGE_LIMIT_S and entries_at_limit == 0,
              f"the pod's index entries were still there {PURGE_LIMIT_S:.0f}s after the kill "
              f"({entries_at_limit} left)")
     r.expect(warm_at is not None, f"{name} did not come back warm within 60s")
@@ -223,7 +223,7 @@ async def kill_redis(bed: Bed, down_s: float = 3.0) -> ScenarioResult:
     assert redis is not None and redis.proc is not None and bed.fleet.index is not None
     index = bed.fleet.index.index
     snaps_before = len(await index.snapshots(bed.model))
-    probes = [bed.body(i) for i in range(len(QUESTIONS))]
+    probes = await bed.chains([bed.body(i) for i in range(len(QUESTIONS))])
     load = Load(bed.http, [bed.url], _body(bed, 8), count=400, concurrency=4, timeout=30.0, gap=0.05)
     running = asyncio.create_task(load.run())
     await load.wait_done(6)

@@ -16,6 +16,7 @@ from llamafleet_core import podspec
 from llamafleet_core.crd.fleet import LlamaFleetSpec
 from llamafleet_core.devices import min_batch_tokens, parse_devices
 from llamafleet_core.features import ServerFeatures, parse_help, summary
+from llamafleet_core.gguf_meta import GGUFError, read_metadata
 from llamafleet_local.named_models import NAMED_MODELS, ensure_named_model
 from llamafleet_local.up.config import FleetConfig
 
@@ -55,6 +56,14 @@ def server_min_batch_tokens(binary: Path, flash_attention: str = "on", timeout: 
     return None if text is None else min_batch_tokens(parse_devices(text), flash_attention)
 
 
+def carries_chat_template(model: Path) -> bool | None:
+    """Whether the GGUF holds a chat template (`tokenizer.chat_template`); None when it cannot be read."""
+    try:
+        return "tokenizer.chat_template" in read_metadata(model)
+    except (OSError, GGUFError):
+        return None
+
+
 def resolve(config: FleetConfig, say: Callable[[str], None]) -> Resolved:
     local = config.local
     # A model's name wins over a file of that name: written (tiny) or fetched (real) on demand, cached.
@@ -72,6 +81,11 @@ def resolve(config: FleetConfig, say: Callable[[str], None]) -> Resolved:
         binary = build()
     say(f"model {model.name}, llama-server {binary}")
     spec = config.effective_spec(template)
+    own_template = any(arg in ("--chat-template", "--chat-template-file") for arg in spec.extra_args)
+    if not own_template and carries_chat_template(model) is False:
+        # A base model (gemma3-270m): llama-server would render every chat as ChatML, wrong for most.
+        say(f"WARNING: {model.name} carries no chat template: llama-server falls back to ChatML; "
+            "set local.chatTemplate to the model's own")
     features = server_features(binary) if podspec.detects_features(spec) else None
     if podspec.detects_features(spec):
         say(f"llama-server prefix-sharing flags: {summary(features)}")

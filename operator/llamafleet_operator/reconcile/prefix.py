@@ -107,6 +107,7 @@ async def reconcile_prefix(ctx: Context, body: Mapping[str, Any], logger: Log) -
     if _must_seed(ctx, uid, rev, targets) and not retry.due(now):
         return  # the last attempt's status says why it failed and when the next one runs
     context = int(fleet_spec.get("contextPerSlot") or 0) or None
+    last_built = ctx.warm_results.get(uid)
     try:
         result = await _warm(ctx, uid, rev, source, targets, sp.spec.pin, logger, namespace=namespace,
                              max_tokens=context)
@@ -125,11 +126,12 @@ async def reconcile_prefix(ctx: Context, body: Mapping[str, Any], logger: Log) -
         status = prefix_status(result, generation, previous, note=note)
     await _write(ctx, body, status)
 
-    old = snapshot_of(name, previous.get("hash"))
-    logger.info(f"DEBUGX old={old} new={result.snapshot} prevhash={previous.get('hash')}")
+    # The body's status may predate the last write (a timer tick that waited for a handler to finish),
+    # so the snapshot this operator built last is an old one as well.
+    olds = {snapshot_of(name, previous.get("hash")), last_built[1].snapshot if last_built else None}
     prefixes = await fleet_prefixes(ctx, namespace, fleet_name)
     await declare_required(ctx, pods, prefixes, logger)
-    if old and result.snapshot and old != result.snapshot:
+    for old in sorted(o for o in olds if o and result.snapshot and o != result.snapshot):
         # The new snapshot is shipped and required; the old one can go.
         await remove_shared_prefix(old, targets, http=ctx.http, agent_token=ctx.agent_token_for(namespace),
                                    index=ctx.index, model=model)

@@ -30,7 +30,8 @@ def pod_best_blocks(lookup: Lookup, pod_uid: str) -> int:
 def pod_best_slots(lookup: Lookup, pod_uid: str, n_slots: int) -> tuple[tuple[int, ...], int] | None:
     """(slots, blocks): every slot of this pod holding the most (ascending ids) and how much; None if
     none holds anything."""
-    most, slots = 0, []
+    most = 0
+    slots: list[int] = []
     for ref, n in lookup.slots.items():
         if ref.pod_uid != pod_uid or not 0 <= ref.slot < n_slots or n < most or n <= 0:
             continue
