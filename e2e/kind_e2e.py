@@ -10,6 +10,7 @@ Docker or kind is missing it prints one line saying so and exits 3 (the pytest m
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shutil
@@ -164,6 +165,35 @@ def manifests(profile: Any) -> list[dict[str, Any]]:
     return [fleet, prefix]
 
 
+def refused_manifests(profile: Any) -> list[tuple[str, dict[str, Any], str]]:
+    """Fleets the cluster must refuse at `kubectl apply`, each with the message that says why: one by the
+    chart's ValidatingAdmissionPolicy (a hostPath of `/`), one by the CRD's own CEL (attach without a
+    unified KV cache). tests/chart/test_e2e_install.py checks offline that both are refused as expected
+    and that manifests() is admitted."""
+    fleet, _ = manifests(profile)
+    root = copy.deepcopy(fleet)
+    root["metadata"]["name"] = "root-path"
+    root["spec"]["model"]["source"] = {"hostPath": "/"}
+    attach = copy.deepcopy(fleet)
+    attach["metadata"]["name"] = "attach-split-cache"
+    attach["spec"]["prefixSharing"] = {"attach": "on"}
+    attach["spec"]["kvUnified"] = False
+    return [("admission policy", root, "spec.model.source.hostPath"),
+            ("CRD rule", attach, "prefixSharing.attach: on needs kvUnified: true")]
+
+
+def assert_refused(kubectl_args: Sequence[str | Path],
+                   refused: Sequence[tuple[str, dict[str, Any], str]]) -> None:
+    """Each manifest is refused by the API server (a server-side dry run: nothing is created either way)."""
+    for what, manifest, message in refused:
+        args = [str(a) for a in kubectl_args] + ["apply", "--dry-run=server", "-f", "-"]
+        result = subprocess.run(args, capture_output=True, text=True, timeout=120,
+                                input=yaml.safe_dump(manifest))
+        assert result.returncode != 0, f"the {what} admitted {manifest['metadata']['name']}"
+        assert message in result.stderr, f"the {what} refused it for another reason: {result.stderr[-2000:]}"
+        log(f"refused by the {what}: {manifest['metadata']['name']}")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -239,6 +269,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             install_chart(helm, kubeconfig)
             profile = make_profile(WorkloadSpec(prefix_chars=PREFIX_CHARS))
             kc = (kubectl, "--kubeconfig", kubeconfig, "-n", NAMESPACE)
+            assert_refused(kc, refused_manifests(profile))
             run(*kc, "apply", "-f", "-", stdin=yaml.safe_dump_all(manifests(profile)))
             run(*kc, "wait", "--for=condition=Ready", "llamafleet/tiny", "--timeout=900s", timeout=960)
             run(*kc, "wait", "--for=condition=Ready", "sharedprefix/agent", "--timeout=600s", timeout=660)

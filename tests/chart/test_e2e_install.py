@@ -11,8 +11,11 @@ import base64
 import pytest
 from e2e import kind_e2e
 
+from llamafleet_local.workload import WorkloadSpec, make_profile
+from tests.chart.admission_policy import RenderedPolicy
 from tests.chart.conftest import Helm, Manifest, by_kind, one, pod_spec
 from tests.chart.validation import CR_MODELS, validate_all
+from tests.core.cel_rules import Evaluator, with_defaults
 
 RELEASES = {r.name: r for r in kind_e2e.releases()}
 
@@ -59,3 +62,27 @@ def test_the_e2e_install_matches_what_the_e2e_assumes(rendered: dict[str, list[M
     (keys,) = [s for s in by_kind(objs, "Secret") if "api-keys" in s["data"]]
     lines = base64.b64decode(keys["data"]["api-keys"]).decode().splitlines()
     assert any(line.split(":", 1)[1] == kind_e2e.API_KEY for line in lines), "the key the e2e sends"
+
+
+def _crd_refusals(crds: list[Manifest], fleet: Manifest) -> list[str]:
+    (crd,) = [c for c in crds if c["spec"]["names"]["kind"] == fleet["kind"]]
+    (version,) = crd["spec"]["versions"]
+    spec_schema = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    return Evaluator(spec_schema).violations(with_defaults(spec_schema, fleet["spec"]))
+
+
+def test_what_the_e2e_expects_refused_is_refused_and_its_fleet_admitted(
+        rendered: dict[str, list[Manifest]]) -> None:
+    """The e2e asks the API server to refuse a fleet by the chart's admission policy and one by the CRD's
+    CEL, and applies its own fleet: the same objects, judged offline by the rendered policy and CRDs."""
+    policy = RenderedPolicy(one(rendered[kind_e2e.RELEASE], "ValidatingAdmissionPolicy"))
+    crds = by_kind(rendered["llamafleet-crds"], "CustomResourceDefinition")
+    profile = make_profile(WorkloadSpec(prefix_chars=200))
+    fleet, _ = kind_e2e.manifests(profile)
+    assert policy.refusals(fleet) == [] and _crd_refusals(crds, fleet) == []
+    judges = {"admission policy": policy.refusals, "CRD rule": lambda f: _crd_refusals(crds, f)}
+    refused = kind_e2e.refused_manifests(profile)
+    assert {what for what, _, _ in refused} == set(judges)
+    for what, manifest, message in refused:
+        found = judges[what](manifest)
+        assert found and any(message in m for m in found), (what, found)

@@ -20,7 +20,6 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-import celpy
 import kmock
 import pytest
 import yaml
@@ -30,6 +29,7 @@ from llamafleet_core.crd.models import LlamaFleetSpec
 from llamafleet_local import helm
 from llamafleet_operator.reconcile.admission import AdmissionPolicy, violations
 from llamafleet_operator.settings import OperatorSettings
+from tests.chart.admission_policy import RenderedPolicy
 from tests.operator.operator_bed import (
     DEPLOYMENTS,
     FLEETS,
@@ -137,32 +137,6 @@ def chart_policy(rendered: list[dict[str, Any]]) -> AdmissionPolicy:
     parsed = {k: json.loads(v) if k.startswith(("allowed_", "allow_")) else v for k, v in fields.items()
               if k in OperatorSettings.model_fields}
     return OperatorSettings(**parsed).admission_policy()
-
-
-class RenderedPolicy:
-    """The chart's ValidatingAdmissionPolicy, evaluated the way the API server does (variables first,
-    then every validation with `object` and `variables`; all must be true)."""
-
-    def __init__(self, manifest: dict[str, Any]) -> None:
-        env = celpy.Environment()
-        self.variables = [(v["name"], env.program(env.compile(v["expression"])))
-                          for v in manifest["spec"]["variables"]]
-        self.validations = [(v["message"], env.program(env.compile(v["expression"])))
-                            for v in manifest["spec"]["validations"]]
-
-    def refusals(self, fleet: dict[str, Any]) -> list[str]:
-        obj = celpy.json_to_cel(fleet)
-        values = {name: prog.evaluate({"object": obj}) for name, prog in self.variables}
-        activation = {"object": obj, "variables": celpy.json_to_cel({})}
-        activation["variables"] = celpy.celtypes.MapType(
-            {celpy.celtypes.StringType(k): v for k, v in values.items()})
-        out = []
-        for message, prog in self.validations:
-            verdict = prog.evaluate(activation)
-            assert isinstance(verdict, celpy.celtypes.BoolType), (message, verdict)  # an error is no answer
-            if not verdict:
-                out.append(message)
-        return out
 
 
 @pytest.fixture(scope="module")
