@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import socket
 from pathlib import Path
-from typing import Annotated
 
-from pydantic import Field, SecretStr, field_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from llamafleet_core.networks import PRIVATE_NETWORKS, check_networks, split_list
+from llamafleet_core.networks import PRIVATE_NETWORKS
+from llamafleet_core.settings_support import NetworkList
 from llamafleet_core.snapshot_signing import manifest_key
 
 MIB = 1024 * 1024
@@ -54,7 +54,7 @@ class AgentSettings(BaseSettings):
     llama_api_key_file: Path | None = None
     # A pull's `source` must be `http(s)://<IP literal in one of these>:<port>`: the agent presents its
     # token there, so it never goes to a metadata service, a host name or a URL with a path.
-    peer_networks: Annotated[list[str], NoDecode] = Field(default_factory=lambda: list(PRIVATE_NETWORKS))
+    peer_networks: NetworkList = Field(default_factory=lambda: list(PRIVATE_NETWORKS))
     # `/metrics` answers without the token (Prometheus holds none): it recounts the folder at most this
     # often, so that unauthenticated scrapes cannot make it read every manifest on every request.
     metrics_refresh_s: float = Field(default=5.0, ge=0)
@@ -66,16 +66,6 @@ class AgentSettings(BaseSettings):
 
     host: str = "127.0.0.1"
     port: int = 8081
-
-    @field_validator("peer_networks", mode="before")
-    @classmethod
-    def _split_networks(cls, value: object) -> object:
-        return split_list(value)
-
-    @field_validator("peer_networks")
-    @classmethod
-    def _check_networks(cls, value: list[str]) -> list[str]:
-        return check_networks(value)
 
     def resolved_signing_key(self, token: str) -> bytes:
         """The manifest key: from `signing_key`, else `signing_key_file`, else derived from `token`."""

@@ -20,6 +20,19 @@ class LlamaError(RuntimeError):
         self.status = status
 
 
+def error_message(resp: httpx.Response) -> str:
+    """The message of an error answer: llama-server's `{"error": {"message": ...}}`, a bare
+    `{"error": "..."}` (what a proxy in front of it may say), else the body as text."""
+    try:
+        body = resp.json()
+    except ValueError:
+        return resp.text
+    error = body.get("error") if isinstance(body, dict) else None
+    if isinstance(error, dict) and isinstance(error.get("message"), str):
+        return str(error["message"])
+    return error if isinstance(error, str) else resp.text
+
+
 class LlamaClient:
     def __init__(self, base_url: str, http: httpx.AsyncClient, api_key: str | None = None) -> None:
         self.base_url = base_url.rstrip("/")
@@ -36,11 +49,7 @@ class LlamaClient:
         except httpx.HTTPError as exc:
             raise LlamaError(f"{method} {path}: {type(exc).__name__}: {exc}") from exc
         if resp.status_code >= 400:
-            try:
-                message = resp.json().get("error", {}).get("message", resp.text)
-            except ValueError:
-                message = resp.text
-            raise LlamaError(f"{method} {path}: {resp.status_code} {message}", resp.status_code)
+            raise LlamaError(f"{method} {path}: {resp.status_code} {error_message(resp)}", resp.status_code)
         return resp.json() if resp.content else None
 
     async def health(self) -> bool:

@@ -18,7 +18,7 @@ A member (JSON, camelCase): `name`, `uid` (the Kubernetes pod uid), `ip`, `port`
 `agentPort`, `slots`, `model`, `ready` (Ready in Kubernetes: containers ready AND the fleet's shared
 prefixes warm, see the readiness gate), `epoch` (pod start time in ms: with `uid` it fences index entries,
 so a replaced pod never inherits its predecessor's), `attach`, `warm` (names of the SharedPrefixes the
-pod holds).
+pod holds), and `sig` when the operator has a membership key (membership_signing.py).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from typing import Any, cast
 
 import redis.asyncio as aioredis
 
+from llamafleet_core.membership_signing import Scope, seal, unseal
 from llamafleet_core.networks import url_host
 from llamafleet_core.types import Endpoint, PodRef
 
@@ -80,7 +81,11 @@ def encode(member: Member) -> str:
 
 def decode(raw: str | bytes) -> Member:
     """Inverse of `encode`; raises ValueError (or KeyError) on a malformed entry."""
-    data: dict[str, Any] = json.loads(raw)
+    return from_fields(json.loads(raw))
+
+
+def from_fields(data: dict[str, Any]) -> Member:
+    """A member from an entry's parsed fields (unknown ones, like `sig`, are ignored)."""
     return Member(
         name=str(data["name"]), uid=str(data["uid"]), ip=str(data["ip"]), port=int(data["port"]),
         agent_port=int(data["agentPort"]), slots=int(data["slots"]), model=str(data["model"]),
@@ -98,10 +103,12 @@ def members_key(namespace: str, fleet: str, prefix: str = DEFAULT_PREFIX) -> str
 
 
 async def write_members(redis: aioredis.Redis, namespace: str, fleet: str, members: Sequence[Member],
-                        *, prefix: str = DEFAULT_PREFIX) -> bool:
-    """Replace the fleet's membership; returns whether it changed (and routers were notified)."""
+                        *, prefix: str = DEFAULT_PREFIX, signing_key: bytes = b"") -> bool:
+    """Replace the fleet's membership (each entry signed with `signing_key` unless b""); returns
+    whether it changed (and routers were notified)."""
     key = members_key(namespace, fleet, prefix)
-    wanted = {m.uid: encode(m) for m in members}
+    scope = Scope(prefix, namespace, fleet)
+    wanted = {m.uid: seal(encode(m), scope, signing_key) if signing_key else encode(m) for m in members}
     current = {_text(k): _text(v) for k, v in (await redis.hgetall(key)).items()}
     fid = fleet_id(namespace, fleet)
     async with redis.pipeline(transaction=True) as pipe:
@@ -117,14 +124,22 @@ async def write_members(redis: aioredis.Redis, namespace: str, fleet: str, membe
     return current != wanted
 
 
+async def read_entries(redis: aioredis.Redis, namespace: str, fleet: str,
+                       *, prefix: str = DEFAULT_PREFIX) -> list[str]:
+    """The fleet's entries as stored (JSON text), unchecked."""
+    return [_text(raw) for raw in (await redis.hgetall(members_key(namespace, fleet, prefix))).values()]
+
+
 async def read_members(redis: aioredis.Redis, namespace: str, fleet: str,
-                       *, prefix: str = DEFAULT_PREFIX) -> list[Member]:
-    """The fleet's pods, ordered by name; malformed entries are skipped, not fatal."""
+                       *, prefix: str = DEFAULT_PREFIX, signing_key: bytes = b"") -> list[Member]:
+    """The fleet's pods, ordered by name; malformed entries (and, with `signing_key`, entries whose
+    signature is missing or wrong) are skipped, not fatal."""
     out = []
-    for raw in (await redis.hgetall(members_key(namespace, fleet, prefix))).values():
+    scope = Scope(prefix, namespace, fleet)
+    for raw in await read_entries(redis, namespace, fleet, prefix=prefix):
         try:
-            out.append(decode(raw))
-        except (ValueError, KeyError, TypeError):
+            out.append(from_fields(unseal(raw, scope, signing_key)) if signing_key else decode(raw))
+        except (ValueError, KeyError, TypeError, AttributeError):
             continue
     return sorted(out, key=lambda m: m.name)
 

@@ -7,15 +7,16 @@ turns them into clients.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 from pydantic import Field, SecretStr, field_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from llamafleet_core.membership_signing import membership_key
 from llamafleet_core.model_fleets import parse_model_fleets
-from llamafleet_core.networks import check_networks, split_list
+from llamafleet_core.networks import check_networks
 from llamafleet_core.prefix.hashing import prefix_key_bytes
-from llamafleet_core.settings_support import RedisUrl
+from llamafleet_core.settings_support import ModelFleetList, RedisUrl, secret_text
 from llamafleet_operator.reconcile.admission import DEFAULT_EXTRA_ARGS, AdmissionPolicy
 from llamafleet_operator.release import default_agent_image
 
@@ -38,6 +39,11 @@ class OperatorSettings(BaseSettings):
     prefix_key_file: Path | None = None
     """The routers' prefix hash key (`prefix_key` wins), so the SharedPrefix blocks warming records are
     the ones they look up. Unset: unkeyed hashes. The chart gives both sides the master agent token."""
+    membership_key: SecretStr | None = None
+    membership_key_file: Path | None = None
+    """The key every fleet membership entry is signed with (`membership_key` wins); the routers'
+    `membership_key` must be the same. Unset: entries are unsigned. The chart generates one Secret,
+    mounted by the operator and the gateway only."""
 
     agent_token: SecretStr | None = None
     agent_token_file: Path | None = None
@@ -68,7 +74,7 @@ class OperatorSettings(BaseSettings):
     agent_image: str = Field(default_factory=default_agent_image, min_length=1)
     """The agent image of fleets that name none (`agentImage` unset): this operator's own release by
     default, so upgrading the operator upgrades their agents. The chart sets its own image."""
-    model_fleets: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    model_fleets: ModelFleetList = Field(default_factory=list)
     """Comma-separated `model=namespace/name`: the gateway's `model_fleets` (one chart value,
     `gateway.modelFleets`). A model name two managed fleets serve with no entry here sets
     `ModelConflict` on each of them (the gateway refuses such a name)."""
@@ -110,17 +116,6 @@ class OperatorSettings(BaseSettings):
                                  "namespaceSelector, or ipBlock alone)")
         return value
 
-    @field_validator("model_fleets", mode="before")
-    @classmethod
-    def _split_model_fleets(cls, value: object) -> object:
-        return split_list(value)
-
-    @field_validator("model_fleets")
-    @classmethod
-    def _check_model_fleets(cls, value: list[str]) -> list[str]:
-        parse_model_fleets(value)
-        return value
-
     def model_owners(self) -> dict[str, str]:
         """`model_fleets` as {model: `namespace/name`}."""
         return parse_model_fleets(self.model_fleets)
@@ -137,6 +132,10 @@ class OperatorSettings(BaseSettings):
             agent_images=tuple(self.allowed_agent_images), extra_args=frozenset(self.allowed_extra_args),
             control_plane=self.allow_control_plane, agent_token_secret=self.agent_token_secret,
         )
+
+    def resolved_membership_key(self) -> bytes:
+        """The membership signing key from the configured secret; b"": entries are unsigned."""
+        return membership_key(secret_text(self.membership_key, self.membership_key_file))
 
     def resolved_prefix_key(self) -> bytes:
         """The prefix hash key as `prefix_key_bytes` makes it from the configured secret; b"": unkeyed."""

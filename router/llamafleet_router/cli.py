@@ -94,7 +94,8 @@ async def run(settings: RouterSettings) -> None:
             return MembershipDiscovery(client, settings.fleets, http, poll_interval=settings.poll_interval,
                                        model_name=settings.model_name, fence=fence,
                                        hang_timeout=settings.hang_timeout, prefix=settings.index_prefix,
-                                       member_networks=settings.member_networks, api_key=pod_key)
+                                       member_networks=settings.member_networks, api_key=pod_key,
+                                       membership_key=settings.resolved_membership_key())
         return StaticDiscovery(specs, http, poll_interval=settings.poll_interval,
                                model_name=settings.model_name, fence=fence,
                                hang_timeout=settings.hang_timeout, api_key=pod_key)

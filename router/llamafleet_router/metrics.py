@@ -6,9 +6,13 @@ prompt, a prompt hash or a key.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+if TYPE_CHECKING:  # only a type here: discovery's modules import the metrics at run time
+    from llamafleet_router.discovery.base import PodStatus
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 #: One call in this many of each scheduling plugin is observed. Seventeen histogram observations per
@@ -121,7 +125,8 @@ class RouterMetrics:
         )
         self.members_ignored = Gauge(
             p + "members_ignored", "Fleet members ignored because their address is outside "
-            "member_networks (or not an IP literal) or their ports are invalid, by reason.",
+            "member_networks (or not an IP literal), their ports are invalid, or (with a membership key) "
+            "their signature is missing or wrong, by reason.",
             ["reason"], registry=registry,
         )
         self.pod_speed = Gauge(
@@ -129,6 +134,12 @@ class RouterMetrics:
             "(prefill_tokens_per_s, small_batch_tokens_per_s, restore_bytes_per_s, ...).",
             ["pod", "figure"], registry=registry,
         )
+        self.pod_slot_context = Gauge(
+            p + "pod_slot_context_tokens", "The per-slot context each pod reported (/props n_ctx: what "
+            "llama-server allocated, after any cap to the model's training context), by pod and model.",
+            ["pod", "model"], registry=registry,
+        )
+        self._slot_contexts: dict[tuple[str, str], int] = {}  # what the gauge shows now
         self.plugin_seconds = Histogram(
             p + "plugin_seconds", "Latency of each scheduling plugin, by point (producer, filter, scorer, "
             f"picker, lease), plugin type and name; sampled: one call in {PLUGIN_SAMPLE_EVERY} per plugin.",
@@ -152,6 +163,20 @@ class RouterMetrics:
         if sampled.calls % PLUGIN_SAMPLE_EVERY == 0:
             sampled.child.observe(seconds)
         sampled.calls += 1
+
+    def show_slot_contexts(self, pods: Iterable[PodStatus]) -> None:
+        """Set the slot-context gauge to these pods' reports; pods gone (or restarted with another
+        model) leave it, so its labels stay those of the fleet. Unchanged: nothing is touched."""
+        shown = {(p.endpoint.url, p.props.model): p.props.n_ctx
+                 for p in pods if p.props is not None and p.props.n_ctx > 0}
+        if shown == self._slot_contexts:
+            return
+        for labels in self._slot_contexts.keys() - shown.keys():
+            self.pod_slot_context.remove(*labels)
+        for labels, n_ctx in shown.items():
+            if self._slot_contexts.get(labels) != n_ctx:
+                self.pod_slot_context.labels(*labels).set(n_ctx)
+        self._slot_contexts = shown
 
     def show_speeds(self, pod: str, figures: Mapping[str, float]) -> None:
         for figure, value in figures.items():

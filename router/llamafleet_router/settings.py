@@ -14,11 +14,11 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from llamafleet_core.networks import PRIVATE_NETWORKS, check_networks, split_list
+from llamafleet_core.membership_signing import membership_key
+from llamafleet_core.networks import PRIVATE_NETWORKS, split_list
 from llamafleet_core.prefix.hashing import prefix_key_bytes
-from llamafleet_core.settings_support import RedisUrl
+from llamafleet_core.settings_support import ModelFleetList, NetworkList, RedisUrl, secret_text
 from llamafleet_router.limits import PerKey
-from llamafleet_router.ownership import parse_model_fleets
 from llamafleet_router.tenancy import parse_key_groups
 
 #: What `extra_fields` may name: a JSON field name as llama-server spells its own.
@@ -69,7 +69,7 @@ class RouterSettings(BaseSettings):
     #: With `discovery=redis`: comma-separated `model=namespace/name`, the fleet that serves a model name
     #: that several fleets report. Without an entry such a name is refused (503 `model_conflict`, listed
     #: in `/health`): one fleet never receives requests meant for another (`ownership.py`).
-    model_fleets: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    model_fleets: ModelFleetList = Field(default_factory=list)
     #: Model name clients use; by default each pod's `model_alias` (or its model file's basename).
     model_name: str | None = None
     #: Redis URL of the shared prefix index (several router replicas share it).
@@ -153,6 +153,12 @@ class RouterSettings(BaseSettings):
     prefix_key: SecretStr | None = None
     #: File holding the prefix hash key (its first line), used when `prefix_key` is unset.
     prefix_key_file: Path | None = None
+    #: With discovery=redis: the key the operator signs fleet membership entries with (the operator's
+    #: `membership_key`). Set: entries without a right signature for their fleet are ignored (logged,
+    #: counted). Unset (and no `membership_key_file`): entries are not checked. Never logged.
+    membership_key: SecretStr | None = None
+    #: File holding the membership key (its first line), used when `membership_key` is unset.
+    membership_key_file: Path | None = None
     #: Characters per prefix block (the unit of prefix matching and of the index).
     block_chars: int = Field(default=256, gt=0)
     #: Rough characters per token, to turn predicted blocks into predicted cached tokens for metrics.
@@ -191,7 +197,7 @@ class RouterSettings(BaseSettings):
     #: With discovery=redis: comma-separated networks (CIDR) that member addresses must lie in. A member
     #: whose address is not an IP literal inside them is ignored (logged, counted): whoever can write
     #: Redis must not choose where prompts and the agent token go. Default: the private ranges.
-    member_networks: Annotated[list[str], NoDecode] = Field(default_factory=lambda: list(PRIVATE_NETWORKS))
+    member_networks: NetworkList = Field(default_factory=lambda: list(PRIVATE_NETWORKS))
     #: A session prefix (tools, system prompt, history) is snapshotted on first sight only from this many
     #: characters on: shorter ones compute in well under a second anyway.
     first_sight_min_chars: int = Field(default=2048, ge=1)
@@ -215,16 +221,6 @@ class RouterSettings(BaseSettings):
         if isinstance(value, str):
             return [part for part in (p.strip() for p in value.split(",")) if part]
         return value
-
-    @field_validator("member_networks", mode="before")
-    @classmethod
-    def _split_networks(cls, value: object) -> object:
-        return split_list(value)
-
-    @field_validator("member_networks")
-    @classmethod
-    def _check_networks(cls, value: list[str]) -> list[str]:
-        return check_networks(value)
 
     @field_validator("pods")
     @classmethod
@@ -268,16 +264,10 @@ class RouterSettings(BaseSettings):
                 raise ValueError(f"fleet must be `namespace/name`: {text!r}")
         return value
 
-    @field_validator("model_fleets", "admin_keys", "key_tenants", mode="before")
+    @field_validator("admin_keys", "key_tenants", mode="before")
     @classmethod
     def _split_tenancy(cls, value: object) -> object:
         return split_list(value)
-
-    @field_validator("model_fleets")
-    @classmethod
-    def _check_model_fleets(cls, value: list[str]) -> list[str]:
-        parse_model_fleets(value)
-        return value
 
     @field_validator("key_tenants")
     @classmethod
@@ -314,6 +304,10 @@ class RouterSettings(BaseSettings):
             if lines and lines[0].strip():
                 return lines[0].strip()
         return None
+
+    def resolved_membership_key(self) -> bytes:
+        """The membership signing key (`membership_key`, else `membership_key_file`); b"": unchecked."""
+        return membership_key(secret_text(self.membership_key, self.membership_key_file))
 
     def resolved_prefix_key(self) -> bytes:
         """The prefix hash key (`prefix_key`, else the first line of `prefix_key_file`); b"": unkeyed."""

@@ -18,8 +18,9 @@ from tests.chart.test_secret_refs import missing_secrets
 
 KEEP = "helm.sh/resource-policy"
 BROUGHT = ("agentToken.existingSecret=my-agent-token", "gateway.apiKeys.existingSecret=my-api-keys",
-           "redis.auth.existingSecret=my-redis")
-GENERATED = {"lf-llamafleet-agent-token", "lf-llamafleet-api-keys", "lf-llamafleet-redis-auth"}
+           "redis.auth.existingSecret=my-redis", "membershipKey.existingSecret=my-membership-key")
+GENERATED = {"lf-llamafleet-agent-token", "lf-llamafleet-api-keys", "lf-llamafleet-redis-auth",
+             "lf-llamafleet-membership-key"}
 
 
 def secrets(objs: list[Manifest]) -> dict[str, Manifest]:
@@ -40,7 +41,8 @@ def test_generated_secrets_are_kept_and_given_ones_are_not_marked(helm: Helm) ->
 
 def test_gitops_refuses_to_generate_and_names_every_missing_secret(helm: Helm) -> None:
     error = helm.template_error("gitOps=true")
-    for value in ("agentToken.existingSecret", "gateway.apiKeys.existingSecret", "redis.auth.existingSecret"):
+    for value in ("agentToken.existingSecret", "gateway.apiKeys.existingSecret", "redis.auth.existingSecret",
+                  "membershipKey.existingSecret"):
         assert value in error
     # One given, the others still named.
     error = helm.template_error("gitOps=true", BROUGHT[0])
@@ -52,7 +54,8 @@ def test_gitops_with_existing_secrets_renders_the_same_every_time(helm: Helm) ->
     first, second = helm.template(sets=sets), helm.template(sets=sets)
     assert first == second, "a GitOps render must be reproducible: nothing random"
     assert not secrets(first), "the chart renders none of the Secrets the user brings"
-    assert not missing_secrets(first, allowed={"my-agent-token", "my-api-keys", "my-redis"})
+    assert not missing_secrets(first, allowed={"my-agent-token", "my-api-keys", "my-redis",
+                                                            "my-membership-key"})
     gateway = next(o for o in by_kind(first, "Deployment") if o["metadata"]["name"].endswith("gateway"))
     mounted = {v["secret"]["secretName"] for v in pod_spec(gateway)["volumes"] if "secret" in v}
     assert {"my-agent-token", "my-api-keys"} <= mounted

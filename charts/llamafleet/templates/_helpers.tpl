@@ -97,6 +97,24 @@ from the master above: llamafleet_core/agent_tokens.py). Fleet pods mount it; th
 {{- printf "%s-fleet-agent-token" (include "llamafleet.fullname" .) }}
 {{- end }}
 
+{{/* The membership signing key (key `key`): the operator's and the gateway's only. */}}
+{{- define "llamafleet.membershipKeySecret" -}}
+{{- default (printf "%s-membership-key" (include "llamafleet.fullname" .)) .Values.membershipKey.existingSecret }}
+{{- end }}
+
+{{/* The membership key's volume (part `volume`) or mount (part `mount`), for the operator and the gateway. */}}
+{{- define "llamafleet.membershipKeyMount" -}}
+{{- if eq .part "mount" }}
+- {name: membership-key, mountPath: /var/run/secrets/llamafleet/membership-key, readOnly: true}
+{{- else }}
+- name: membership-key
+  secret:
+    secretName: {{ include "llamafleet.membershipKeySecret" .ctx }}
+    items: [{key: key, path: key}]
+    defaultMode: 0440
+{{- end }}
+{{- end }}
+
 {{- define "llamafleet.redisAuthSecret" -}}
 {{- default (printf "%s-redis-auth" (include "llamafleet.fullname" .)) .Values.redis.auth.existingSecret }}
 {{- end }}
@@ -229,6 +247,9 @@ URL), and lets it read nothing.
 {{- define "llamafleet.generatedSecrets" -}}
 {{- if not (or .Values.agentToken.existingSecret .Values.agentToken.value) }}
 - agentToken.existingSecret: the master agent token (Secret key `token`)
+{{- end }}
+{{- if not (or .Values.membershipKey.existingSecret .Values.membershipKey.value) }}
+- membershipKey.existingSecret: the fleet membership signing key (key `key`)
 {{- end }}
 {{- $r := .Values.redis }}
 {{- if and $r.enabled $r.auth.enabled (not $r.auth.existingSecret) }}

@@ -42,6 +42,7 @@ async def startup_fn(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: k
         agent_token=ours.resolved_agent_token(),
         pod_api_key=ours.resolved_pod_api_key(),
         prefix_key=ours.resolved_prefix_key(),
+        membership_key=ours.resolved_membership_key(),
         redis=redis,
         index=index,
     )

@@ -58,6 +58,8 @@ class Context:
     """llama-server's own API key (settings' `pod_api_key_file`), for warming's calls to the servers."""
     prefix_key: bytes = b""
     """The routers' prefix hash key (settings' `resolved_prefix_key`): warming records their hashes."""
+    membership_key: bytes = b""
+    """The key membership entries are signed with (settings' `resolved_membership_key`); b"": unsigned."""
     redis: aioredis.Redis | None = None
     index: PrefixIndex | None = None
     warm_results: dict[str, tuple[int | str | None, WarmResult]] = field(default_factory=dict)

@@ -156,7 +156,7 @@ async def reconcile_fleet(ctx: Context, body: Mapping[str, Any],
         members = [P.member(p, model=fleet.spec.model.name, slots=fleet.spec.slots, warm=warm[P.name(p)])
                    for p in pods if P.running(p)]
         if await membership.write_members(ctx.redis, namespace, name, members,
-                                          prefix=ctx.settings.index_prefix):
+                                          prefix=ctx.settings.index_prefix, signing_key=ctx.membership_key):
             logger.info(f"membership: {sum(m.ready for m in members)} of {len(members)} pods routable")
     return status
 

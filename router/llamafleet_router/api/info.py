@@ -59,6 +59,7 @@ class InfoRoutes:
         pods = await g.discovery.endpoints()
         ready = sum(pod.ready for pod in pods)
         g.metrics.pods_up.set(ready)
+        g.metrics.show_slot_contexts(pods)
         conflicts = g.owners.conflicts(pods)
         g.metrics.model_conflicts.set(len(conflicts))
         body: dict[str, Any] = {
@@ -97,7 +98,9 @@ class InfoRoutes:
                 return ApiError(403, "/metrics needs an admin key (the gateway's `admin_keys`).",
                                 type=AUTHENTICATION, code="admin_key_required").response()
         if g.discovery is not None:
-            g.metrics.model_conflicts.set(len(g.owners.conflicts(await g.discovery.endpoints())))
+            pods = await g.discovery.endpoints()
+            g.metrics.model_conflicts.set(len(g.owners.conflicts(pods)))
+            g.metrics.show_slot_contexts(pods)  # as of this scrape, traffic or none
         return Response(generate_latest(g.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 

@@ -9,6 +9,7 @@ for that and only reconciles the SET of watched pods, every `poll_interval`:
   `endpoints()` at once. Not-ready members are not routed to, as a Kubernetes Service would not;
 - a pod still there is left untouched, so its epoch and restart fencing work exactly as in static
   discovery;
+- with a membership key, an entry the operator did not sign for its fleet is ignored (signatures.py);
 - the namespace of each watched pod's agent goes to the snapshot flow's `AgentTokens`
   (`bind_agent_tokens`): agents accept only their own namespace's token.
 
@@ -28,10 +29,11 @@ from prometheus_client import Gauge
 from redis.exceptions import RedisError
 
 from llamafleet_core.agent_tokens import AgentTokens
-from llamafleet_core.membership import DEFAULT_PREFIX, Member, fleet_id, list_fleets, read_members
+from llamafleet_core.membership import DEFAULT_PREFIX, Member, fleet_id, list_fleets, read_entries
 from llamafleet_router.background import cancel_and_wait
 from llamafleet_router.discovery.addresses import MemberGate
 from llamafleet_router.discovery.base import FenceHook, PodStatus
+from llamafleet_router.discovery.signatures import SignatureGate
 from llamafleet_router.discovery.static import StaticDiscovery
 from llamafleet_router.gone import GoneSignal
 from llamafleet_router.settings import PodSpec
@@ -69,6 +71,7 @@ class MembershipDiscovery:
         hang_timeout: float | None = None,
         member_networks: Sequence[str] | None = None,
         api_key: str | None = None,
+        membership_key: bytes = b"",
     ) -> None:
         self._redis = redis_client
         #: Empty: every fleet listed in Redis (`P:fleets`), re-read on each refresh.
@@ -80,12 +83,15 @@ class MembershipDiscovery:
                                      hang_timeout=hang_timeout, api_key=api_key)
         # Members outside `member_networks` (None: the private ranges) are ignored (addresses.py).
         self._gate = MemberGate(member_networks)
+        # With a membership key, entries the operator did not sign for their fleet are ignored.
+        self._signatures = SignatureGate(membership_key, prefix)
         self._loop: asyncio.Task[None] | None = None
         self._tokens: AgentTokens | None = None
 
     def show_ignored_on(self, gauge: Gauge) -> None:
-        """Show the members ignored for their address on the app's gauge."""
+        """Show the members ignored for their address or signature on the app's gauge."""
         self._gate.show_on(gauge)
+        self._signatures.show_on(gauge)
 
     def bind_agent_tokens(self, tokens: AgentTokens) -> None:
         """Keep `tokens` told which namespace each watched pod's agent is in (agent_tokens.py)."""
@@ -121,13 +127,14 @@ class MembershipDiscovery:
         """Reconcile the watched pods with Redis; False (pods unchanged) when Redis could not be read."""
         try:
             fleets = self._fleets or await list_fleets(self._redis, prefix=self._prefix)
-            read = [(ns, name, await read_members(self._redis, ns, name, prefix=self._prefix))
-                    for ns, name in fleets]
-            placed = [(ns, m) for ns, _, members in read for m in members]
+            stored = [(ns, name, await read_entries(self._redis, ns, name, prefix=self._prefix))
+                      for ns, name in fleets]
         except (RedisError, OSError) as exc:
             log.warning("fleet membership unreadable; keeping the last known pods",
                         extra={"error": str(exc)})
             return False
+        read = self._signatures.members(stored)
+        placed = [(ns, m) for ns, _, members in read for m in members]
         placed = self._gate.admit(placed)  # never a pod or an agent outside member_networks
         fleet_of = {m.url: fleet_id(ns, name) for ns, name, members in read for m in members}
         wanted = wanted_specs([m for _, m in placed], fleet_of)

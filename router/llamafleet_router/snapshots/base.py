@@ -109,6 +109,12 @@ class SnapshotMetrics:
             p + "restore_seconds", "Pull (when remote) plus restore, as the gateway waited for it.",
             ["source"], buckets=_SECONDS, registry=registry,
         )
+        # Named for the router, not the snapshot machinery: a head that cannot fit is the user's concern.
+        self.head_too_long = Counter(
+            "llamafleet_router_head_too_long_total", "Requests whose head (shared prefix) has at least "
+            "as many tokens as the slot context of its pod: no first-sight build was tried (branch "
+            "head_exceeds_context), by model.", ["model"], registry=registry,
+        )
         self.first_sight_seconds = Histogram(
             p + "first_sight_seconds", "Staged prefill and saves of a new session prefix.",
             buckets=_SECONDS, registry=registry,

@@ -43,6 +43,27 @@ _PREFILL_TIMEOUT_S = 900.0  # a long prefix on a slow pod; the slot lease outliv
 
 FlightKey = tuple[str, str, str]  # (model, tenant namespace, exact text hash of the prefix)
 
+# Characters per token a head is assumed to have at least before it is tokenized (decide.py's
+# conservative `chars_per_token`; ~4.5 measured on agent tool JSON).
+_LIKELY_CHARS_PER_TOKEN = 4.0
+
+
+class HeadTooLong(Exception):
+    """The head has at least as many tokens as the slot context of the pod it would be built on:
+    llama-server would refuse its prefill (and the request, which is longer), so no build is tried."""
+
+    def __init__(self, n_tokens: int, slot_context: int) -> None:
+        super().__init__(f"the head's {n_tokens} tokens do not fit the slot context ({slot_context} tokens)")
+        self.n_tokens = n_tokens
+        self.slot_context = slot_context
+
+
+def likely_fits(text: str, slot_context: int) -> bool:
+    """Whether `text` is expected to fit `slot_context` tokens, before it is tokenized (0: unknown).
+    Only the early first-stage prefill goes by it; the tokens decide (a wrong guess costs that stage,
+    once per head: the flow remembers the heads found too long)."""
+    return slot_context <= 0 or len(text) < slot_context * _LIKELY_CHARS_PER_TOKEN
+
 
 class Flights:
     """In-process single flight keyed by `FlightKey` (`Prompt.flight_key`)."""
@@ -197,16 +218,20 @@ class StagedPrefill:
     async def build(
         self, prompt: Prompt, target: Endpoint, slot: int, *, start_tokens: int, extra_cuts: Sequence[int],
         known: frozenset[tuple[str, int]], on_saved: Callable[[int, SnapshotRef], None] | None = None,
+        slot_context: int = 0,
     ) -> SnapshotRef | None:
         """Prefill the session prefix into `slot` in stages and snapshot it; the `fs-` snapshot or None.
 
         `start_tokens`: what the slot already holds of it (a restored stage snapshot), so stages at or
         before it are skipped. `known`: (text_hash, n_chars) of snapshots the index already has; they are
-        not saved again. Failures are logged and counted; the slot then holds whatever was prefilled."""
+        not saved again. Failures are logged and counted; the slot then holds whatever was prefilled.
+        `slot_context`: the pod's per-slot context (0: unknown); raises `HeadTooLong`, before any
+        prefill, when the head's tokens do not fit it."""
         assert target.agent_url is not None
         spent = _Spent()
         try:
-            return await self._build(prompt, target, slot, start_tokens, extra_cuts, known, on_saved, spent)
+            return await self._build(prompt, target, slot, start_tokens, extra_cuts, known, on_saved, spent,
+                                     slot_context)
         finally:
             # Where a first session's time goes beside the prefill a plain server would do too.
             log.info("first-sight build", extra={"pod": target.url, "slot": slot, **spent.fields()})
@@ -214,7 +239,7 @@ class StagedPrefill:
     async def _build(
         self, prompt: Prompt, target: Endpoint, slot: int, start_tokens: int, extra_cuts: Sequence[int],
         known: frozenset[tuple[str, int]], on_saved: Callable[[int, SnapshotRef], None] | None,
-        spent: _Spent,
+        spent: _Spent, slot_context: int = 0,
     ) -> SnapshotRef | None:
         assert target.agent_url is not None
         session = prompt.text[: prompt.session_chars]
@@ -228,7 +253,8 @@ class StagedPrefill:
         # saved; a mismatch only costs that stage (the next prefill reuses what matches).
         ahead = _first_cut(points, extra_cuts, self._config.block_chars, prompt.session_chars)
         early = None
-        if start_tokens == 0 and ahead is not None:
+        # (not for a head that looks too long: its first stage would be computed for a build never made)
+        if start_tokens == 0 and ahead is not None and likely_fits(session, slot_context):
             early = asyncio.ensure_future(self._prefill_text(llama, session[:ahead], slot))
         try:
             with spent("tokenize"):
@@ -243,6 +269,8 @@ class StagedPrefill:
         if early is not None:
             with spent("prefill"):
                 held = await early
+        if 0 < slot_context <= len(tokens):  # no room left for the request past its head
+            raise HeadTooLong(len(tokens), slot_context)
         ends = TokenEnds.from_pieces(session, pieces)
         cuts: list[tuple[int, int]] = []  # (chars, tokens)
         if ends is None:

@@ -7,6 +7,9 @@
    - if another request of this replica is already building it: wait for that snapshot and restore it
      (branch `first_sight_wait`), unless that build is detached (below): then it restored the same
      stage and goes on at once;
+   - a head with at least as many tokens as the pod's slot context (`/props` n_ctx) is never built:
+     the request goes on as decided (llama-server answers 400), branch `head_exceeds_context`, one
+     warning per head, `llamafleet_router_head_too_long_total`;
    - else build it (staged prefill and saves, `first_sight.StagedPrefill`) in the leased slot, on top
      of what step 1 restored (a next-day session resumes from the stage before the date line), and
      forward with the slot holding it (branch `first_sight`). When step 1 restored a stage snapshot
@@ -30,7 +33,7 @@ from dataclasses import replace
 import httpx
 
 from llamafleet_core.index.base import PrefixIndex
-from llamafleet_core.types import UNKEYED, Action, SnapshotRef, TextHasher
+from llamafleet_core.types import UNKEYED, Action, Endpoint, SnapshotRef, TextHasher
 from llamafleet_router.background import TaskSet
 from llamafleet_router.discovery.base import PodStatus
 from llamafleet_router.scheduling.framework import ANY_SLOT, Decision, SchedRequest
@@ -42,6 +45,7 @@ from llamafleet_router.snapshots.families import HeadFamilies
 from llamafleet_router.snapshots.first_sight import (
     FlightKey,
     Flights,
+    HeadTooLong,
     Prompt,
     StagedPrefill,
     StageFlights,
@@ -57,6 +61,9 @@ log = logging.getLogger(__name__)
 
 _KNOWN_TTL_S = 10.0  # how long "the fleet has a snapshot of this prefix" is trusted without a lookup
 _KNOWN_MAX = 4096
+_TOO_LONG_MAX = 4096  # heads remembered as too long for their pods (each warned about once)
+#: The branch of a request whose head does not fit its pod's slot context: no build was tried.
+HEAD_EXCEEDS_CONTEXT = "head_exceeds_context"
 
 
 class SnapshotFlow:
@@ -76,6 +83,7 @@ class SnapshotFlow:
         self.stage_flights = StageFlights(self.flights, config)
         self.families = HeadFamilies(index=index, tasks=tasks, config=config)
         self._known: dict[FlightKey, float] = {}
+        self._too_long: dict[FlightKey, int] = {}  # head -> its tokens, for heads found too long
         self.primer = Primer(http=http, index=index, restorer=self.restorer, metrics=metrics, tasks=tasks,
                              slots=PrimedSlots(), api_key=config.pod_api_key)
         # Set by the gateway: lends an idle slot (leased, counted in flight) to a background build.
@@ -104,6 +112,13 @@ class SnapshotFlow:
                               target, agents)
         restored: Restored | None = None
         failed: SnapshotRef | None = None
+        context = slot_context(pods, target)
+        if decision.action is Action.RESTORE and decision.snapshot is not None and (
+                0 < context <= decision.snapshot.n_tokens):
+            # Built on a pod with larger slots: this pod's server would refuse it (and the index would
+            # then drop a snapshot good elsewhere), and the prompt, which extends it, too: nothing to do.
+            return replace(self._too_long_branch(req.model, decision), action=Action.COMPUTE,
+                           snapshot=None, predicted_blocks=0)
         if decision.action is Action.RESTORE and decision.snapshot is not None:
             snap = decision.snapshot
             reused = await self.primer.reuse(req.model, req.prompt.blocks, target.url, decision.slot_ref,
@@ -125,6 +140,8 @@ class SnapshotFlow:
             return decision
         key = prompt.flight_key(prompt.session_chars)  # per tenant group: never another group's build
         session_hash = key[2]
+        if self._exceeds(key, context):  # tokenized once already: not again for every request
+            return self._too_long_branch(req.model, decision)
         if restored is not None and (restored.snapshot.text_hash, restored.snapshot.n_chars) == (
             session_hash, prompt.session_chars
         ):
@@ -152,7 +169,10 @@ class SnapshotFlow:
         if not leader and self._detached.running(key):
             return decision  # it restored the same stage: waiting for the build would only delay it
         if not leader:
-            return await self._wait(req, decision, flight, agents)
+            waited = await self._wait(req, decision, flight, agents)
+            if waited is decision and self._exceeds(key, context):  # the leader found it too long
+                return self._too_long_branch(req.model, decision)
+            return waited
         self.metrics.first_sight.labels("leader").inc()
         started = time.perf_counter()
         known = frozenset((s.text_hash, s.n_chars) for s in lookup.snapshots if s != failed)
@@ -184,11 +204,15 @@ class SnapshotFlow:
         stages = self.stage_flights.open(prompt, restored.snapshot.n_chars if restored else 0)
         build = asyncio.ensure_future(self.staged.build(
             prompt, target, decision.slot, start_tokens=restored.n_tokens if restored else 0,
-            extra_cuts=extra, known=known, on_saved=self.stage_flights.saved(stages),
+            extra_cuts=extra, known=known, on_saved=self.stage_flights.saved(stages), slot_context=context,
         ))
         # The build goes on if this request is cancelled (client gone): waiters still get the snapshot.
-        build.add_done_callback(lambda t: self._finish(key, stages, _result(t)))
-        ref = await asyncio.shield(build)
+        # (remembered there, before the flight ends: its waiters read it when they wake)
+        build.add_done_callback(lambda t: self._finish(key, stages, self._built(key, req.model, t)))
+        try:
+            ref = await asyncio.shield(build)
+        except HeadTooLong:
+            return self._too_long_branch(req.model, decision)
         self.metrics.first_sight_seconds.observe(time.perf_counter() - started)
         if ref is None:
             return decision
@@ -277,6 +301,30 @@ class SnapshotFlow:
         return replace(decision, action=Action.RESTORE, snapshot=outcome.snapshot,
                        predicted_blocks=ref.n_blocks, branch="first_sight_wait")
 
+    def _exceeds(self, key: FlightKey, context: int) -> bool:
+        n_tokens = self._too_long.get(key)
+        return n_tokens is not None and 0 < context <= n_tokens
+
+    def _too_long_branch(self, model: str, decision: Decision) -> Decision:
+        self.metrics.head_too_long.labels(model).inc()
+        return replace(decision, branch=HEAD_EXCEEDS_CONTEXT)
+
+    def _built(self, key: FlightKey, model: str, task: asyncio.Future[SnapshotRef | None],
+               ) -> SnapshotRef | None:
+        exc = None if task.cancelled() else task.exception()
+        if isinstance(exc, HeadTooLong):
+            self._remember_too_long(key, model, exc)
+        return _result(task)
+
+    def _remember_too_long(self, key: FlightKey, model: str, exc: HeadTooLong) -> None:
+        if key in self._too_long:
+            return
+        if len(self._too_long) >= _TOO_LONG_MAX:  # forget the oldest: it is warned about again
+            del self._too_long[next(iter(self._too_long))]
+        self._too_long[key] = exc.n_tokens
+        log.warning("a head exceeds the slot context: not built, the request goes on as decided",
+                    extra={"model": model, "head_tokens": exc.n_tokens, "slot_context": exc.slot_context})
+
     def _is_known(self, key: FlightKey) -> bool:
         deadline = self._known.get(key)
         return deadline is not None and deadline > time.monotonic()
@@ -288,6 +336,12 @@ class SnapshotFlow:
             if len(self._known) >= _KNOWN_MAX:
                 self._known.clear()
         self._known[key] = time.monotonic() + _KNOWN_TTL_S
+
+
+def slot_context(pods: Sequence[PodStatus], target: Endpoint) -> int:
+    """The per-slot context the target pod reported (`/props` n_ctx); 0 when unknown."""
+    pod = next((p for p in pods if p.endpoint.uid == target.uid), None)
+    return pod.props.n_ctx if pod is not None and pod.props is not None else 0
 
 
 def _prompt(req: SchedRequest) -> Prompt | None:
