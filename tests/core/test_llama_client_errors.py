@@ -24,7 +24,8 @@ def _answering(status: int, **body: Any) -> httpx.MockTransport:
     ({"json": {"error": {"code": 500}}}, '{"error":{"code":500}}'),
     ({"text": "upstream connect error"}, "upstream connect error"),
 ])
-async def test_an_error_answer_raises_llama_error_with_its_message(body: dict[str, Any], message: str) -> None:
+async def test_an_error_answer_raises_llama_error_with_its_message(
+        body: dict[str, Any], message: str) -> None:
     async with httpx.AsyncClient(transport=_answering(503, **body)) as http:
         client = LlamaClient("http://pod", http)
         with pytest.raises(LlamaError) as raised:
