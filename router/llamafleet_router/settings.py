@@ -201,9 +201,16 @@ class RouterSettings(BaseSettings):
     #: A session prefix (tools, system prompt, history) is snapshotted on first sight only from this many
     #: characters on: shorter ones compute in well under a second anyway.
     first_sight_min_chars: int = Field(default=2048, ge=1)
-    #: Seconds a request waits for a concurrent request's first-sight snapshot of the same prefix before
-    #: it computes the prefix itself.
-    first_sight_wait_s: float = Field(default=120.0, ge=0)
+    #: The most seconds a request waits for a concurrent request's first-sight build of the same head
+    #: before it computes the head itself. Within it, the wait follows the build's expected time: the
+    #: head's tokens over the building pod's learned prefill rate (an unknown pod: a slow CPU figure,
+    #: `snapshots/flow.py` UNKNOWN_POD_PREFILL_TOKENS_PER_S), times 2 plus 5 s, and at least
+    #: `first_sight_wait_min_s`; counted from the build's start. (Until issue 23 a fixed 120 s; the
+    #: default is now the build's own prefill timeout, past which the leader gives up too.)
+    first_sight_wait_s: float = Field(default=900.0, ge=0)
+    #: The least seconds such a wait lasts, however fast the build is expected to be (a pod busy with
+    #: other slots' batches prefills slower than it has learned).
+    first_sight_wait_min_s: float = Field(default=10.0, ge=0)
     #: Most stage snapshots (the last line, the paragraphs before it, special tokens) per new session prefix.
     snapshot_stages: int = Field(default=4, ge=0)
     #: Copy a snapshot in the background to a pod whose session would have used it had it been there, so

@@ -69,6 +69,12 @@ class ActionCosts(BaseModel):
 
     restore_enabled: bool = True
     chars_per_token: float = Field(default=4.0, gt=0)  # measured ~4.5 on agent tool JSON; 4 is conservative
+    # Where an unknown pod starts: a tiny model's CPU rate (a 14K-token prefill in 4.6-7.5 s,
+    # `llamafleet_core.devices`). Kept at the middle of the 50x band learned figures stay in (40 to
+    # 100,000 tokens/s: GPU pods learn up to there; the test pods' tiny models learn 9,200). For an
+    # unknown pod it only weighs restore against compute, where any figure in that band has a restore
+    # of a head (milliseconds) win; first-sight waits assume a slower figure of their own
+    # (`snapshots.flow.UNKNOWN_POD_PREFILL_TOKENS_PER_S`): 2,000 there cut real models' waits short.
     prefill_tokens_per_s: float = Field(default=2000.0, gt=0)
     restore_bytes_per_s: float = Field(default=500e6, gt=0)  # local file -> slot
     restore_overhead_s: float = Field(default=0.01, ge=0)

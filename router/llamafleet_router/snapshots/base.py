@@ -26,7 +26,8 @@ class SnapshotConfig:
     token: str
     block_chars: int = 256
     first_sight_min_chars: int = 2048
-    first_sight_wait_s: float = 120.0
+    first_sight_wait_s: float = 900.0  # the most a request waits for another's build (`wait_limit`)
+    first_sight_wait_min_s: float = 10.0  # the least it waits, however fast the build is expected
     stages: int = 4
     resync_timeout_s: float = 3.0  # a pod's first request waits at most this for its snapshots' re-listing
     resync_interval_s: float = 0.25  # how often the gateway looks for pods to re-list without a request
@@ -61,7 +62,8 @@ class SnapshotConfig:
         return cls(
             token=token, block_chars=settings.block_chars,
             first_sight_min_chars=settings.first_sight_min_chars,
-            first_sight_wait_s=settings.first_sight_wait_s, stages=settings.snapshot_stages,
+            first_sight_wait_s=settings.first_sight_wait_s,
+            first_sight_wait_min_s=settings.first_sight_wait_min_s, stages=settings.snapshot_stages,
             ship=settings.ship_snapshots, prime_slots=settings.prime_slots,
             pod_api_key=settings.resolved_pod_api_key(),
             # Pods from the membership live in namespaces, each with its own derived token; static pods

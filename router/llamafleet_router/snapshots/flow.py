@@ -6,7 +6,11 @@
    the slot does not already hold it and no snapshot in the fleet holds it exactly, then
    - if another request of this replica is already building it: wait for that snapshot and restore it
      (branch `first_sight_wait`), unless that build is detached (below): then it restored the same
-     stage and goes on at once;
+     stage and goes on at once. The wait lasts as long as the build is expected to (`wait_limit`: its
+     pod's learned prefill rate, twice, plus a margin; within `first_sight_wait_min_s` and
+     `first_sight_wait_s`, from the build's start); when it passes while the build still runs on the
+     waiter's own pod, the waiter waits on up to the ceiling: never a second prefill of the head
+     beside the first (moving such a waiter to another pod waits for the request director, issue 24);
    - a head with at least as many tokens as the pod's slot context (`/props` n_ctx) is never built:
      the request goes on as decided (llama-server answers 400), branch `head_exceeds_context`, one
      warning per head, `llamafleet_router_head_too_long_total`;
@@ -28,7 +32,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import httpx
 
@@ -36,6 +40,7 @@ from llamafleet_core.index.base import PrefixIndex
 from llamafleet_core.types import UNKEYED, Action, Endpoint, SnapshotRef, TextHasher
 from llamafleet_router.background import TaskSet
 from llamafleet_router.discovery.base import PodStatus
+from llamafleet_router.scheduling.decide import ActionCosts
 from llamafleet_router.scheduling.framework import ANY_SLOT, Decision, SchedRequest
 from llamafleet_router.scheduling.speeds import SpeedBook
 from llamafleet_router.snapshots.base import SnapshotConfig, SnapshotMetrics
@@ -64,6 +69,26 @@ _KNOWN_MAX = 4096
 _TOO_LONG_MAX = 4096  # heads remembered as too long for their pods (each warned about once)
 #: The branch of a request whose head does not fit its pod's slot context: no build was tried.
 HEAD_EXCEEDS_CONTEXT = "head_exceeds_context"
+# How long a waiter waits for another request's build (`SnapshotFlow.wait_limit`): the build's
+# expected time, times this, plus this margin (a pod busy with other slots' batches prefills slower
+# than it learned; tokenize and saves add a little), within the config's floor and ceiling.
+WAIT_FACTOR = 2.0
+WAIT_MARGIN_S = 5.0
+# The prefill rate assumed for a pod with no learned full-batch rate, for waits only. Deliberately a
+# slow CPU figure (README: a slot's own prefill ran at 200-400 tokens/s on the CPU test pods with the
+# other slots holding 24K each; a whole 32K prefill took 40 s, ~800/s): guessing too slow only makes a
+# waiter wait longer for a build that, when it ends early, wakes it at once; guessing too fast (the
+# cost model's 2,000/s) made waiters give up on a real model's 16K-token head and compute it again.
+UNKNOWN_POD_PREFILL_TOKENS_PER_S = 200.0
+
+
+@dataclass(frozen=True, slots=True)
+class _Build:
+    """An in-place build in flight: where it runs, since when, and how long it is expected to take."""
+
+    pod_uid: str
+    started: float  # time.monotonic()
+    expected_s: float
 
 
 class SnapshotFlow:
@@ -74,6 +99,8 @@ class SnapshotFlow:
         self.config = config
         self.metrics = metrics
         self._index = index
+        self._speeds = speeds
+        self._builds: dict[FlightKey, _Build] = {}  # builds in flight (their pod, start, expected time)
         self.restorer = RestoreExecutor(http=http, index=index, token=config.agent_token, metrics=metrics,
                                         tasks=tasks, speeds=speeds)
         self.staged = StagedPrefill(http=http, index=index, config=config, metrics=metrics)
@@ -175,6 +202,11 @@ class SnapshotFlow:
             return waited
         self.metrics.first_sight.labels("leader").inc()
         started = time.perf_counter()
+        # Where and for how long its waiters wait (`_wait`); known from here on, before any await
+        # (ended by `_finish`, a detached build's too).
+        from_chars = restored.snapshot.n_chars if restored is not None else 0
+        self._builds[key] = _Build(target.uid, time.monotonic(),
+                                   self.expected_build_s(prompt.session_chars - from_chars, target.uid))
         known = frozenset((s.text_hash, s.n_chars) for s in lookup.snapshots if s != failed)
         base = restored.snapshot if restored is not None else held_stage(
             prompt.text, prompt.session_chars, (decision.predicted_blocks + 1) * self.config.block_chars,
@@ -228,6 +260,7 @@ class SnapshotFlow:
                        branch="first_sight")
 
     def _finish(self, key: FlightKey, stages: StageKeys, ref: SnapshotRef | None) -> None:
+        self._builds.pop(key, None)
         self.stage_flights.finish(stages)
         self.flights.finish(key, ref)
 
@@ -238,12 +271,13 @@ class SnapshotFlow:
         """Wait for the latest of this prompt's stages that another request is building, and restore it
         into the slot; None when no such build runs or it did not save the stage."""
         after = restored.snapshot.n_chars if restored is not None else 0
-        for _, stage_key in sorted(self.stage_flights.keys(prompt, after).items(), reverse=True):
+        for stage_chars, stage_key in sorted(self.stage_flights.keys(prompt, after).items(), reverse=True):
             flight = self.flights.running(stage_key)
             if flight is None:
                 continue
             self.metrics.first_sight.labels("stage_waiter").inc()
-            built = await self._restore_when_built(req, decision, flight, agents)
+            limit = self.wait_limit(self.expected_build_s(stage_chars, decision.endpoint.uid))
+            built = await self._restore_when_built(req, decision, flight, agents, limit)
             if built is None:
                 return None
             ref, outcome = built
@@ -255,13 +289,13 @@ class SnapshotFlow:
 
     async def _restore_when_built(
         self, req: SchedRequest, decision: Decision, flight: asyncio.Future[SnapshotRef | None],
-        agents: dict[str, str],
+        agents: dict[str, str], limit: float,
     ) -> tuple[SnapshotRef, Restored | None] | None:
-        """Wait (at most `first_sight_wait_s`) for the snapshot another request is building and restore
-        it into the decision's slot: None when nothing was built in time, (ref, None) when the restore
+        """Wait (at most `limit` seconds) for the snapshot another request is building and restore it
+        into the decision's slot: None when nothing was built in time, (ref, None) when the restore
         failed."""
         try:
-            ref = await asyncio.wait_for(asyncio.shield(flight), self.config.first_sight_wait_s)
+            ref = await asyncio.wait_for(asyncio.shield(flight), max(limit, 0.0))
         except TimeoutError:
             return None
         if ref is None:
@@ -286,12 +320,42 @@ class SnapshotFlow:
         # The slot already holds the session prefix (a later turn): nothing to build.
         return restored is not None or decision.predicted_blocks < session_blocks
 
+    def expected_build_s(self, chars: int, pod_uid: str) -> float:
+        """Seconds a build of `chars` characters of a head is expected to take on `pod_uid`: its tokens
+        (the cost model's `chars_per_token`) over the pod's learned full-batch prefill rate, or
+        `UNKNOWN_POD_PREFILL_TOKENS_PER_S` while it has none."""
+        costs = self._speeds.costs(pod_uid) if self._speeds is not None else ActionCosts()
+        learned = self._speeds is not None and "prefill_tokens_per_s" in self._speeds.learned(pod_uid)
+        rate = costs.prefill_tokens_per_s if learned else UNKNOWN_POD_PREFILL_TOKENS_PER_S
+        return max(chars, 0) / costs.chars_per_token / rate
+
+    def wait_limit(self, expected_s: float) -> float:
+        """How long a waiter waits for a build expected to take `expected_s`: `WAIT_FACTOR` times it
+        plus `WAIT_MARGIN_S`, at least `first_sight_wait_min_s`, at most `first_sight_wait_s`."""
+        config = self.config
+        floor = min(config.first_sight_wait_min_s, config.first_sight_wait_s)
+        return min(config.first_sight_wait_s, max(floor, expected_s * WAIT_FACTOR + WAIT_MARGIN_S))
+
     async def _wait(
         self, req: SchedRequest, decision: Decision, flight: asyncio.Future[SnapshotRef | None],
         agents: dict[str, str],
     ) -> Decision:
         self.metrics.first_sight.labels("waiter").inc()
-        built = await self._restore_when_built(req, decision, flight, agents)
+        prompt = _prompt(req)
+        build = self._builds.get(prompt.flight_key(prompt.session_chars)) if prompt is not None else None
+        if build is None:  # (not expected: the leader records it as it joins; its own pod then)
+            chars = prompt.session_chars if prompt is not None else 0
+            limit = self.wait_limit(self.expected_build_s(chars, decision.endpoint.uid))
+        else:  # counted from the build's start: a waiter that joins late does not wait longer
+            limit = build.started + self.wait_limit(build.expected_s) - time.monotonic()
+        built = await self._restore_when_built(req, decision, flight, agents, limit)
+        if built is None and build is not None and build.pod_uid == decision.endpoint.uid and (
+                not flight.done()):
+            # The leader still builds the head on this very pod: a second prefill beside it would slow
+            # both, and the leader, however late, finishes first. Wait on, up to the ceiling (from the
+            # build's start).
+            rest = build.started + self.config.first_sight_wait_s - time.monotonic()
+            built = await self._restore_when_built(req, decision, flight, agents, rest)
         if built is None:
             return decision
         ref, outcome = built
