@@ -61,11 +61,9 @@ class InFlight:
     def total(self) -> int:
         return sum(self._count.values())
 
-    def busy_slots(self, uid: str) -> frozenset[int]:
-        return frozenset(slot for (pod, slot), n in self._slots.items() if pod == uid and n > 0)
-
     def slot_requests(self, uid: str) -> dict[int, int]:
-        """Requests pinned to each slot of the pod (running or waiting there): a copy."""
+        """Requests pinned to each slot of the pod (running or waiting there; its keys are the pod's
+        busy slots): a copy."""
         return {slot: n for (pod, slot), n in self._slots.items() if pod == uid and n > 0}
 
     def last_used(self, uid: str) -> dict[int, int]:
@@ -104,23 +102,20 @@ def resolve_model(requested: str | None, pods: Sequence[PodStatus]) -> str:
     return requested
 
 
+def _state(pod: PodStatus, in_flight: InFlight) -> EndpointState:
+    requests = in_flight.slot_requests(pod.endpoint.uid)  # one pass gives both the queues and the busy
+    return EndpointState(endpoint=pod.endpoint, busy_slots=frozenset(requests),
+                         slot_last_used=in_flight.last_used(pod.endpoint.uid), slot_requests=requests,
+                         in_flight=in_flight.count(pod.endpoint.uid), healthy=True)
+
+
 def endpoint_states(
     model: str, pods: Sequence[PodStatus], in_flight: InFlight, exclude: frozenset[str] = frozenset()
 ) -> list[EndpointState]:
     """Ready pods serving `model` (minus `exclude`, pods that just refused a connection) as the
     scheduler's input."""
-    states = [
-        EndpointState(
-            endpoint=pod.endpoint,
-            busy_slots=in_flight.busy_slots(pod.endpoint.uid),
-            slot_last_used=in_flight.last_used(pod.endpoint.uid),
-            slot_requests=in_flight.slot_requests(pod.endpoint.uid),
-            in_flight=in_flight.count(pod.endpoint.uid),
-            healthy=True,
-        )
-        for pod in pods
-        if pod.ready and pod.model == model and pod.endpoint.uid not in exclude
-    ]
+    states = [_state(pod, in_flight) for pod in pods
+              if pod.ready and pod.model == model and pod.endpoint.uid not in exclude]
     if not states:
         raise no_pod_available(model)
     return states

@@ -12,13 +12,13 @@ openai SDK raises on). Pure functions.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from typing import Any
 
 from starlette.responses import JSONResponse
 
 from llamafleet_router.api.parse import ANTHROPIC_ROUTES, Route
 from llamafleet_router.errors import ApiError, sse_error_event
+from llamafleet_router.relay import ErrorEvent
 
 # Anthropic's error types by status (its API's documented errors); 5xx other than these: `api_error`.
 _ANTHROPIC_TYPES = {
@@ -27,9 +27,6 @@ _ANTHROPIC_TYPES = {
     429: "rate_limit_error", 499: "invalid_request_error", 503: "overloaded_error", 504: "timeout_error",
     529: "overloaded_error",
 }
-
-#: Renders the SSE event that ends a stream cut midway, from its message.
-ErrorEvent = Callable[[str], bytes]
 
 
 def anthropic_type(status: int) -> str:

@@ -248,7 +248,6 @@ class Gateway:
             assert self.discovery is not None, "the app's lifespan has not run"
             pods = await self.discovery.endpoints()
             self.metrics.pods_up.set(sum(pod.ready for pod in pods))
-            self.metrics.show_slot_contexts(pods)
             model = resolve_model(parsed.model, pods)
             pods = self.owners.pick(model, pods)  # 503 for a name two fleets claim
             if route in DIRECT_ROUTES:  # generates nothing: a pod of the model, no slot, no scheduling

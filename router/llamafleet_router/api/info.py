@@ -59,7 +59,6 @@ class InfoRoutes:
         pods = await g.discovery.endpoints()
         ready = sum(pod.ready for pod in pods)
         g.metrics.pods_up.set(ready)
-        g.metrics.show_slot_contexts(pods)
         conflicts = g.owners.conflicts(pods)
         g.metrics.model_conflicts.set(len(conflicts))
         body: dict[str, Any] = {

@@ -196,7 +196,7 @@ class SnapshotFlow:
         if not leader and self._detached.running(key):
             return decision  # it restored the same stage: waiting for the build would only delay it
         if not leader:
-            waited = await self._wait(req, decision, flight, agents)
+            waited = await self._wait(req, decision, flight, agents, prompt, key)
             if waited is decision and self._exceeds(key, context):  # the leader found it too long
                 return self._too_long_branch(req.model, decision)
             return waited
@@ -338,14 +338,12 @@ class SnapshotFlow:
 
     async def _wait(
         self, req: SchedRequest, decision: Decision, flight: asyncio.Future[SnapshotRef | None],
-        agents: dict[str, str],
+        agents: dict[str, str], prompt: Prompt, key: FlightKey,
     ) -> Decision:
         self.metrics.first_sight.labels("waiter").inc()
-        prompt = _prompt(req)
-        build = self._builds.get(prompt.flight_key(prompt.session_chars)) if prompt is not None else None
+        build = self._builds.get(key)
         if build is None:  # (not expected: the leader records it as it joins; its own pod then)
-            chars = prompt.session_chars if prompt is not None else 0
-            limit = self.wait_limit(self.expected_build_s(chars, decision.endpoint.uid))
+            limit = self.wait_limit(self.expected_build_s(prompt.session_chars, decision.endpoint.uid))
         else:  # counted from the build's start: a waiter that joins late does not wait longer
             limit = build.started + self.wait_limit(build.expected_s) - time.monotonic()
         built = await self._restore_when_built(req, decision, flight, agents, limit)
