@@ -31,7 +31,7 @@ from typing import Any, cast
 
 import redis.asyncio as aioredis
 
-from llamafleet_core.membership_signing import Scope, seal, unseal
+from llamafleet_core.membership_signing import Scope, seal
 from llamafleet_core.networks import url_host
 from llamafleet_core.types import Endpoint, PodRef
 
@@ -131,14 +131,13 @@ async def read_entries(redis: aioredis.Redis, namespace: str, fleet: str,
 
 
 async def read_members(redis: aioredis.Redis, namespace: str, fleet: str,
-                       *, prefix: str = DEFAULT_PREFIX, signing_key: bytes = b"") -> list[Member]:
-    """The fleet's pods, ordered by name; malformed entries (and, with `signing_key`, entries whose
-    signature is missing or wrong) are skipped, not fatal."""
+                       *, prefix: str = DEFAULT_PREFIX) -> list[Member]:
+    """The fleet's pods, ordered by name, signatures unchecked (the router checks them:
+    discovery/signatures.py); malformed entries are skipped, not fatal."""
     out = []
-    scope = Scope(prefix, namespace, fleet)
     for raw in await read_entries(redis, namespace, fleet, prefix=prefix):
         try:
-            out.append(from_fields(unseal(raw, scope, signing_key)) if signing_key else decode(raw))
+            out.append(decode(raw))
         except (ValueError, KeyError, TypeError, AttributeError):
             continue
     return sorted(out, key=lambda m: m.name)

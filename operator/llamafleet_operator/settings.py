@@ -139,11 +139,7 @@ class OperatorSettings(BaseSettings):
 
     def resolved_prefix_key(self) -> bytes:
         """The prefix hash key as `prefix_key_bytes` makes it from the configured secret; b"": unkeyed."""
-        secret = self.prefix_key.get_secret_value() if self.prefix_key is not None else ""
-        if not secret and self.prefix_key_file is not None:
-            lines = self.prefix_key_file.read_text().strip().splitlines()
-            secret = lines[0].strip() if lines else ""
-        return prefix_key_bytes(secret)
+        return prefix_key_bytes(secret_text(self.prefix_key, self.prefix_key_file))
 
     def resolved_agent_token(self) -> str:
         if self.agent_token is not None and self.agent_token.get_secret_value():

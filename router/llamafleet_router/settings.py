@@ -294,23 +294,11 @@ class RouterSettings(BaseSettings):
 
     def resolved_agent_token(self) -> str | None:
         """The agents' token from `agent_token`, else the first line of `agent_token_file`, else None."""
-        if self.agent_token is not None and self.agent_token.get_secret_value():
-            return self.agent_token.get_secret_value()
-        if self.agent_token_file is not None:
-            lines = self.agent_token_file.read_text().strip().splitlines()
-            if lines and lines[0].strip():
-                return lines[0].strip()
-        return None
+        return secret_text(self.agent_token, self.agent_token_file) or None
 
     def resolved_pod_api_key(self) -> str | None:
         """The pods' API key from `pod_api_key`, else the first line of `pod_api_key_file`, else None."""
-        if self.pod_api_key is not None and self.pod_api_key.get_secret_value():
-            return self.pod_api_key.get_secret_value()
-        if self.pod_api_key_file is not None:
-            lines = self.pod_api_key_file.read_text().strip().splitlines()
-            if lines and lines[0].strip():
-                return lines[0].strip()
-        return None
+        return secret_text(self.pod_api_key, self.pod_api_key_file) or None
 
     def resolved_membership_key(self) -> bytes:
         """The membership signing key (`membership_key`, else `membership_key_file`); b"": unchecked."""
@@ -318,11 +306,7 @@ class RouterSettings(BaseSettings):
 
     def resolved_prefix_key(self) -> bytes:
         """The prefix hash key (`prefix_key`, else the first line of `prefix_key_file`); b"": unkeyed."""
-        secret = self.prefix_key.get_secret_value() if self.prefix_key is not None else ""
-        if not secret and self.prefix_key_file is not None:
-            lines = self.prefix_key_file.read_text().strip().splitlines()
-            secret = lines[0].strip() if lines else ""
-        return prefix_key_bytes(secret)
+        return prefix_key_bytes(secret_text(self.prefix_key, self.prefix_key_file))
 
     @property
     def pod_specs(self) -> list[PodSpec]:
