@@ -107,11 +107,14 @@ async def reconcile_fleet(ctx: Context, body: Mapping[str, Any],
     """Make the children match the spec; write and return the status. `InvalidSpec` on a bad spec."""
     meta = dict(body.get("metadata") or {})
     namespace, name = meta["namespace"], meta["name"]
-    # The stored status, not the body's: a handler that waited for another reconcile of this fleet
-    # holds a body from before that one wrote (handlers/fleet.py), and conditions and events compare
-    # against what was written last.
-    stored = await ctx.kube.get(API, "LlamaFleet", namespace, name)
-    previous = dict((stored if stored is not None else body).get("status") or {})
+    # Every managed fleet, read now: the model names they serve (conflicts.py), and this fleet's stored
+    # status, not the body's: a handler that waited for another reconcile of this fleet holds a body
+    # from before that one wrote (handlers/fleet.py), and conditions and events compare against what
+    # was written last.
+    fleets = await managed_fleets(ctx)
+    stored = next((f for f in fleets if (f.get("metadata") or {}).get("namespace") == namespace
+                   and (f.get("metadata") or {}).get("name") == name), body)
+    previous = dict(stored.get("status") or {})
     try:
         fleet = parse_fleet(body)
     except InvalidSpec as exc:
@@ -138,7 +141,7 @@ async def reconcile_fleet(ctx: Context, body: Mapping[str, Any],
             if F.support(found) != F.support(features):
                 await _apply_children(ctx, fleet, namespace, found, logger)
             features = found
-    served = claims(await managed_fleets(ctx))
+    served = claims(fleets)
     conflict = model_condition(fleet_id(namespace, name), fleet.spec.model.name, served,
                                ctx.settings.model_owners())
     status = fleet_status(fleet, pods, previous, features, conflict)
