@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
 
 import pytest
 import redis.asyncio as aioredis
@@ -28,15 +27,6 @@ def fake_fleet(*ids: int) -> FakeFleet:
     for i in ids:
         fleet.agents_ready[member(i).agent_url] = True
     return fleet
-
-
-@pytest.fixture
-async def redis(redis_url: str) -> AsyncIterator[aioredis.Redis]:
-    client = aioredis.Redis.from_url(redis_url)
-    try:
-        yield client
-    finally:
-        await client.aclose()
 
 
 def test_wanted_specs_are_ready_members_with_agent_urls() -> None:

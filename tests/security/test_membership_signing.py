@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -88,15 +87,6 @@ def test_the_key_comes_from_the_setting_or_its_file_on_both_sides(tmp_path: Path
     assert given.resolved_membership_key() == membership_key("given")
     assert OperatorSettings().resolved_membership_key() == RouterSettings().resolved_membership_key() == b""
     assert len(membership_key("x")) == 32 and membership_key("x") != b"x" * 32
-
-
-@pytest.fixture
-async def redis(redis_url: str) -> AsyncIterator[aioredis.Redis]:
-    client = aioredis.Redis.from_url(redis_url)
-    try:
-        yield client
-    finally:
-        await client.aclose()
 
 
 def fake_fleet(*members: Member) -> FakeFleet:

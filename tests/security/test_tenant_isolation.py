@@ -55,15 +55,6 @@ def settings(**fields: Any) -> RouterSettings:
                              "extra_fields": list(FAKE_FIELDS), **fields})
 
 
-@pytest.fixture
-async def redis(redis_url: str) -> AsyncIterator[aioredis.Redis]:
-    client = aioredis.Redis.from_url(redis_url)
-    try:
-        yield client
-    finally:
-        await client.aclose()
-
-
 def prefix() -> str:
     return f"t{uuid.uuid4().hex[:10]}"
 
