@@ -30,6 +30,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from llamafleet_core.index.base import PrefixIndex, SlotLeases
 from llamafleet_core.types import PodRef
+from llamafleet_router.access.auth import ApiKeys
+from llamafleet_router.access.tenancy import Tenancy
 from llamafleet_router.api.fields import FieldPolicy
 from llamafleet_router.api.gateway import Gateway
 from llamafleet_router.api.info import InfoRoutes, Readiness, http_error, server_error
@@ -37,20 +39,18 @@ from llamafleet_router.api.limited import limiter_from_settings
 from llamafleet_router.api.models import ModelRoutes
 from llamafleet_router.api.openapi import openapi_endpoint
 from llamafleet_router.api.parse import Route as ParseRoute
-from llamafleet_router.auth import ApiKeys
 from llamafleet_router.background import IndexHealth
 from llamafleet_router.discovery.base import Discovery, FenceHook
-from llamafleet_router.hooks import AfterResponse, SchedulerLike
-from llamafleet_router.leases import ReplicaLeases
+from llamafleet_router.fleet.leases import ReplicaLeases
+from llamafleet_router.fleet.ownership import ModelOwners
 from llamafleet_router.logs import client_request_id_var, request_id_var
 from llamafleet_router.metrics import RouterMetrics
-from llamafleet_router.ownership import ModelOwners
-from llamafleet_router.prompts import PromptRenderer
+from llamafleet_router.proxy.upstream import GatewayClient
+from llamafleet_router.request.after import AfterResponse, SchedulerLike
+from llamafleet_router.request.prompts import PromptRenderer
 from llamafleet_router.settings import RouterSettings
 from llamafleet_router.snapshots import SnapshotConfig
 from llamafleet_router.snapshots.resync import keep_synced
-from llamafleet_router.tenancy import Tenancy
-from llamafleet_router.upstream import GatewayClient
 
 log = logging.getLogger(__name__)
 

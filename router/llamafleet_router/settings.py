@@ -18,8 +18,8 @@ from llamafleet_core.membership_signing import membership_key
 from llamafleet_core.networks import PRIVATE_NETWORKS, split_list
 from llamafleet_core.prefix.hashing import prefix_key_bytes
 from llamafleet_core.settings_support import ModelFleetList, NetworkList, RedisUrl, secret_text
-from llamafleet_router.limits import PerKey
-from llamafleet_router.tenancy import parse_key_groups
+from llamafleet_router.access.limits import PerKey
+from llamafleet_router.access.tenancy import parse_key_groups
 
 #: What `extra_fields` may name: a JSON field name as llama-server spells its own.
 FIELD_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.]{0,63}")

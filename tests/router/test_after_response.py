@@ -9,10 +9,10 @@ from prometheus_client import CollectorRegistry
 from llamafleet_core.index.memory import InMemoryPrefixIndex
 from llamafleet_core.types import Action, PromptTags
 from llamafleet_router.background import IndexHealth
-from llamafleet_router.hooks import AfterResponse, Outcome
 from llamafleet_router.metrics import RouterMetrics
+from llamafleet_router.proxy.sse import Stats
+from llamafleet_router.request.after import AfterResponse, Outcome
 from llamafleet_router.scheduling.framework import Decision, SchedRequest
-from llamafleet_router.sse import Stats
 from tests.router.scheduling.fakes import MODEL, FakePrompt, chain, endpoint, slot
 
 

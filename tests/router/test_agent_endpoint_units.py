@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from llamafleet_core.types import Endpoint, PodRef
+from llamafleet_router.access.limits import KeyLimiter, LimitConfig, PerKey
 from llamafleet_router.api import responses
 from llamafleet_router.api.direct import candidates
 from llamafleet_router.api.embeddings import EmbeddingPods, check_embeddings_input, says_unsupported
@@ -19,8 +20,7 @@ from llamafleet_router.api.models import context_lengths, model_entries
 from llamafleet_router.api.parse import Route
 from llamafleet_router.discovery.base import PodProps, PodStatus
 from llamafleet_router.errors import ApiError
-from llamafleet_router.limits import KeyLimiter, LimitConfig, PerKey
-from llamafleet_router.sse import SSETap
+from llamafleet_router.proxy.sse import SSETap
 
 
 def _rejects(body: dict[str, Any]) -> ApiError:

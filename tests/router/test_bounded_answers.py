@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import tracemalloc
 
-from llamafleet_router.sse import Stats, stats_from_body
+from llamafleet_router.proxy.sse import Stats, stats_from_body
 
 
 def answer(tokens: int, **tail: object) -> bytes:

@@ -13,7 +13,7 @@ import asyncio
 import pytest
 
 from llamafleet_router.background import TaskSet, cancel_and_wait
-from llamafleet_router.gone import GoneSignal, PodUnreachable, unless_gone
+from llamafleet_router.proxy.gone import GoneSignal, PodUnreachable, unless_gone
 
 
 async def _slow_to_cancel(cleanup_s: float = 0.2) -> None:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
+from llamafleet_router.access.limits import KeyLimiter, LimitConfig, PerKey, Permit, Refusal
 from llamafleet_router.api.limited import charged_tokens, limiter_from_settings
-from llamafleet_router.limits import KeyLimiter, LimitConfig, PerKey, Permit, Refusal
 from llamafleet_router.settings import RouterSettings
 
 

@@ -11,7 +11,7 @@ import httpx
 from llamafleet_core.index.memory import InMemoryPrefixIndex, InMemorySlotLeases
 from llamafleet_core.types import SlotRef
 from llamafleet_router.api.parse import Route, parse_request
-from llamafleet_router.fleet import props_for
+from llamafleet_router.fleet.state import props_for
 from llamafleet_router.inprocess import app_client, serve
 from tests.router.conftest import POD_A, POD_B, AppFactory, chat_body
 from tests.router.fakes import FakeFleet, FirstEndpointScheduler, sse_chunks

@@ -24,10 +24,10 @@ from openai.types.responses import response_create_params
 from pydantic import SecretStr, ValidationError
 
 from llamafleet_local.hermes_layout import hermes_profile, load_layout
+from llamafleet_router.access.limits import PerKey
 from llamafleet_router.api.fields import ALLOWED, ExtraFields, FieldPolicy, FieldRejected
 from llamafleet_router.api.parse import ParsedRequest, Route, parse_request
 from llamafleet_router.discovery.base import PodProps
-from llamafleet_router.limits import PerKey
 from llamafleet_router.settings import RouterSettings
 from tests.fuzz.fake_pod import FAKE_FIELDS
 from tests.fuzz.served import API_KEY, AUTH, Served, served_gateway

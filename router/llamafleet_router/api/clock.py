@@ -12,8 +12,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from llamafleet_router.hooks import Outcome
 from llamafleet_router.metrics import RouterMetrics
+from llamafleet_router.request.after import Outcome
 
 
 @dataclass

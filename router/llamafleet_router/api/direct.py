@@ -19,14 +19,14 @@ from typing import TYPE_CHECKING
 import orjson
 from starlette.responses import Response
 
+from llamafleet_router.access.limits import Permit
 from llamafleet_router.api.embeddings import not_serving, says_unsupported
 from llamafleet_router.api.parse import ParsedRequest, Route
 from llamafleet_router.discovery.base import PodStatus
 from llamafleet_router.errors import no_pod_available
-from llamafleet_router.gone import PodUnreachable
-from llamafleet_router.hooks import Outcome
-from llamafleet_router.limits import Permit
-from llamafleet_router.proxy import forward
+from llamafleet_router.proxy.forward import forward
+from llamafleet_router.proxy.gone import PodUnreachable
+from llamafleet_router.request.after import Outcome
 from llamafleet_router.scheduling.framework import ANY_SLOT
 
 if TYPE_CHECKING:

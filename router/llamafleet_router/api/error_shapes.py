@@ -18,7 +18,7 @@ from starlette.responses import JSONResponse
 
 from llamafleet_router.api.parse import ANTHROPIC_ROUTES, Route
 from llamafleet_router.errors import ApiError, sse_error_event
-from llamafleet_router.relay import ErrorEvent
+from llamafleet_router.proxy.relay import ErrorEvent
 
 # Anthropic's error types by status (its API's documented errors); 5xx other than these: `api_error`.
 _ANTHROPIC_TYPES = {

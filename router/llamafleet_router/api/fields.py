@@ -32,12 +32,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from llamafleet_router.access.limits import PerKey
 from llamafleet_router.api import responses
 from llamafleet_router.api.parse import ANTHROPIC_ROUTES, DIRECT_ROUTES, ParsedRequest, Route
 from llamafleet_router.api.shapes import CHAT_PARTS, ShapeError, ShapeLimits, check_shapes
 from llamafleet_router.discovery.base import PodProps
 from llamafleet_router.errors import ApiError
-from llamafleet_router.limits import PerKey
 from llamafleet_router.settings import FIELD_NAME, RouterSettings
 
 _OPENAI = frozenset({

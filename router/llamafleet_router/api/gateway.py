@@ -21,6 +21,9 @@ from starlette.responses import Response
 
 from llamafleet_core.index.base import IndexUnavailable
 from llamafleet_core.types import Action
+from llamafleet_router.access.auth import ANONYMOUS, ApiKeys, authenticate
+from llamafleet_router.access.limits import KeyLimiter, LimitConfig, Permit
+from llamafleet_router.access.tenancy import Tenancy
 from llamafleet_router.api.clock import RequestClock
 from llamafleet_router.api.direct import answer_direct
 from llamafleet_router.api.embeddings import EmbeddingPods
@@ -35,22 +38,21 @@ from llamafleet_router.api.parse import (
     read_body,
     upstream_body,
 )
-from llamafleet_router.auth import ANONYMOUS, ApiKeys, authenticate
 from llamafleet_router.background import IndexHealth, TaskSet
 from llamafleet_router.discovery.base import Discovery
 from llamafleet_router.errors import ApiError, ClientGone, no_pod_available
-from llamafleet_router.fleet import InFlight, endpoint_states, props_for, resolve_model
-from llamafleet_router.gone import PodUnreachable, unless_gone
-from llamafleet_router.hooks import AfterResponse, Outcome, SchedulerLike
-from llamafleet_router.leases import ReplicaLeases
-from llamafleet_router.limits import KeyLimiter, LimitConfig, Permit
+from llamafleet_router.fleet.leases import ReplicaLeases
+from llamafleet_router.fleet.ownership import ModelOwners
+from llamafleet_router.fleet.state import InFlight, endpoint_states, props_for, resolve_model
 from llamafleet_router.logs import request_id_var
 from llamafleet_router.metrics import RouterMetrics
-from llamafleet_router.ownership import ModelOwners
-from llamafleet_router.prompts import PromptRenderer
-from llamafleet_router.proxy import forward
+from llamafleet_router.proxy.forward import forward
+from llamafleet_router.proxy.gone import PodUnreachable, unless_gone
+from llamafleet_router.request.after import AfterResponse, Outcome, SchedulerLike
+from llamafleet_router.request.prompts import PromptRenderer
 from llamafleet_router.scheduling.framework import (
     ANY_SLOT,
+    Branch,
     Decision,
     EndpointState,
     NoEndpointError,
@@ -59,7 +61,6 @@ from llamafleet_router.scheduling.framework import (
 from llamafleet_router.scheduling.speeds import SpeedBook
 from llamafleet_router.snapshots import SnapshotConfig, SnapshotFlow, SnapshotMetrics
 from llamafleet_router.snapshots.detached import Borrowed
-from llamafleet_router.tenancy import Tenancy
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +81,7 @@ def fallback_decision(states: list[EndpointState]) -> Decision:
     """When even the scheduler could not decide because the index failed: the least loaded pod, any slot.
     No request fails because the index is unavailable."""
     state = min(states, key=lambda s: (s.load, len(s.busy_slots), s.uid))
-    return Decision(state.endpoint, ANY_SLOT, Action.DIRECT, None, 0, "degraded_fallback")
+    return Decision(state.endpoint, ANY_SLOT, Action.DIRECT, None, 0, Branch.DEGRADED_FALLBACK)
 
 
 @dataclass
@@ -224,7 +225,8 @@ class Gateway:
         except (NoEndpointError, IndexUnavailable, ApiError):  # ApiError: no pod, or a model conflict
             return None
         after = self.after
-        if decision.slot == ANY_SLOT or decision.branch == "queued" or decision.endpoint.agent_url is None:
+        queued = decision.branch is Branch.QUEUED
+        if decision.slot == ANY_SLOT or queued or decision.endpoint.agent_url is None:
             await after.release(decision)
             return None
         uid, url, slot = decision.endpoint.uid, decision.endpoint.url, decision.slot
@@ -286,7 +288,7 @@ class Gateway:
             decision = fallback_decision(states)
         self.metrics.schedule_seconds.observe(time.perf_counter() - started)
         self.metrics.decisions.labels(decision.action.value, decision.branch).inc()
-        if decision.branch.startswith("degraded"):
+        if decision.branch.degraded:
             self.health.mark_degraded("the scheduler fell back to degraded routing")
         return decision
 

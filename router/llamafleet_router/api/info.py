@@ -20,10 +20,10 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from llamafleet_router.access.auth import authenticate
 from llamafleet_router.api.error_shapes import error_response
 from llamafleet_router.api.gateway import Gateway
 from llamafleet_router.api.parse import Route as ParseRoute
-from llamafleet_router.auth import authenticate
 from llamafleet_router.errors import AUTHENTICATION, NOT_FOUND, SERVER, ApiError
 
 log = logging.getLogger(__name__)

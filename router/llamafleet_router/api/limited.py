@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from llamafleet_router.access.limits import KeyLimiter, LimitConfig, PerKey, Permit, Refusal
 from llamafleet_router.api.parse import ANTHROPIC_ROUTES, DIRECT_ROUTES, Route
 from llamafleet_router.errors import ApiError
-from llamafleet_router.limits import KeyLimiter, LimitConfig, PerKey, Permit, Refusal
 from llamafleet_router.settings import RouterSettings
 
 # The fields that bound a completion's length, by API: OpenAI's (old and new), llama-server's own.

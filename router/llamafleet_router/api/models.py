@@ -17,8 +17,8 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from llamafleet_router.access.auth import authenticate
 from llamafleet_router.api.gateway import Gateway
-from llamafleet_router.auth import authenticate
 from llamafleet_router.discovery.base import PodStatus
 from llamafleet_router.errors import ApiError, model_not_found
 

@@ -35,7 +35,7 @@ from llamafleet_router.discovery.addresses import MemberGate
 from llamafleet_router.discovery.base import FenceHook, PodStatus
 from llamafleet_router.discovery.signatures import SignatureGate
 from llamafleet_router.discovery.static import StaticDiscovery
-from llamafleet_router.gone import GoneSignal
+from llamafleet_router.proxy.gone import GoneSignal
 from llamafleet_router.settings import PodSpec
 
 log = logging.getLogger(__name__)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, Generic, Protocol, TypeVar
 
 from llamafleet_core.types import Action, Endpoint, Lookup, PromptTags, SlotRef, SnapshotRef
@@ -66,6 +67,37 @@ class SlotLeasesLike(Protocol):
     async def acquire(self, slot: SlotRef, holder: str, ttl_s: float, /) -> bool: ...
 
     async def release(self, slot: SlotRef, holder: str, /) -> None: ...
+
+
+class Branch(StrEnum):
+    """Why a request went where it went: the `branch` label of `llamafleet_router_decisions_total` and the
+    second half of the `x-llamafleet-action` header (docs/design.md, "Glossary"). A `StrEnum`, so a
+    metric label or a header is its value as is."""
+
+    # the scheduler's (scheduler.py, decide.py)
+    SLOT_HIT = "slot_hit"  # the picked slot holds the prompt's longest known part
+    POD_HIT = "pod_hit"  # another slot of the pod holds more, none idle: forwarded, the pod reuses less
+    RESTORE = "restore"  # a snapshot is restored into the slot first
+    COLD = "cold"  # nothing known holds any of it: computed
+    SESSION_AFFINITY = "session_affinity"  # the session's last slot, nothing better known
+    DEGRADED_HASH = "degraded_hash"  # the index is down: a hash of the prefix steers
+    DEGRADED_FALLBACK = "degraded_fallback"  # the scheduler failed with the index: least loaded pod
+    QUEUED = "queued"  # no idle slot: forwarded to wait on the pod
+    # the snapshot steps' (snapshots/)
+    PRIMED = "primed"  # the snapshot was loaded into the slot ahead of demand
+    RESTORE_FAILED = "restore_failed"  # a restore failed: computed instead
+    FIRST_SIGHT = "first_sight"  # this request built its head's snapshots in its slot
+    FIRST_SIGHT_WAIT = "first_sight_wait"  # waited for another request's build, restored it
+    RESTORE_FIRST_SIGHT = "restore_first_sight"  # built on top of a restored stage
+    RESTORE_STAGE_WAIT = "restore_stage_wait"  # waited for a stage another head shares, restored it
+    FIRST_SIGHT_DETACHED = "first_sight_detached"  # head built in a borrowed slot; forwarded at once
+    RESTORE_FIRST_SIGHT_DETACHED = "restore_first_sight_detached"  # the same, from a restored stage
+    HEAD_EXCEEDS_CONTEXT = "head_exceeds_context"  # the head does not fit the pod's slot context
+
+    @property
+    def degraded(self) -> bool:
+        """Decided without the index."""
+        return self in (Branch.DEGRADED_HASH, Branch.DEGRADED_FALLBACK)
 
 
 # ---- per-request data -----------------------------------------------------------------------------
@@ -189,8 +221,7 @@ class ScoredCandidate:
 class Decision:
     """Where the request goes and what to do first.
 
-    `branch` is the metrics label explaining why (SGLang-style): slot_hit, pod_hit, restore, cold,
-    session_affinity, degraded_hash, queued. `lease_holder` is None when no lease was taken (queued,
+    `branch` says why (`Branch`). `lease_holder` is None when no lease was taken (queued,
     or the lease store was down).
     """
 
@@ -199,7 +230,7 @@ class Decision:
     action: Action
     snapshot: SnapshotRef | None
     predicted_blocks: int
-    branch: str
+    branch: Branch
     lease_holder: str | None = None
     # A snapshot on another pod that would have given this pod more than what it uses now, had it been
     # here (`decide.wanted_here`): the snapshot flow copies it here in the background for the next one.

@@ -51,7 +51,7 @@ from dataclasses import dataclass
 from pydantic import BaseModel, ConfigDict, Field
 
 from llamafleet_core.types import Action, Endpoint, Lookup, SnapshotRef
-from llamafleet_router.scheduling.framework import PromptLike
+from llamafleet_router.scheduling.framework import Branch, PromptLike
 from llamafleet_router.scheduling.lookup_view import (
     held_blocks,
     held_chars,
@@ -95,7 +95,7 @@ class ActionChoice:
     action: Action
     snapshot: SnapshotRef | None
     predicted_blocks: int
-    branch: str
+    branch: Branch
     wanted: SnapshotRef | None = None  # see `wanted_here`
 
 
@@ -301,9 +301,10 @@ def choose_action(
         used = covered_chars(snap, prompt.block_chars) if snap is not None else chars
         wanted = wanted_here(prompt, usable, used)
         if snap is not None:
-            return ActionChoice(Action.RESTORE, snap, min(snap.n_blocks, total), "restore", wanted)
+            return ActionChoice(Action.RESTORE, snap, min(snap.n_blocks, total), Branch.RESTORE, wanted)
     pod_best = min(resumable(pod_best_blocks(lookup, endpoint.pod.uid), endpoint, prompt), total)
     if held > 0 and held >= pod_best:
         own = slot_blocks(lookup, endpoint.pod.uid, slot)
-        return ActionChoice(Action.DIRECT, None, held, "slot_hit" if own >= held else "pod_hit", wanted)
-    return ActionChoice(Action.COMPUTE, None, held, "cold", wanted)
+        branch = Branch.SLOT_HIT if own >= held else Branch.POD_HIT
+        return ActionChoice(Action.DIRECT, None, held, branch, wanted)
+    return ActionChoice(Action.COMPUTE, None, held, Branch.COLD, wanted)

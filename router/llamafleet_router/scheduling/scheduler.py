@@ -41,6 +41,7 @@ from llamafleet_router.scheduling.framework import (
     INDEX_AVAILABLE,
     LOOKUP,
     RESTORE_ENABLED,
+    Branch,
     Candidate,
     CycleState,
     Decision,
@@ -227,12 +228,12 @@ class Scheduler:
         # Absent means "no index in this profile", as for the degraded-hash scorer.
         if not state.read(INDEX_AVAILABLE, True):
             # Nothing is known about slot contents: forward pinned and let llama-server reuse what it has.
-            branch = "session_affinity" if affinity else "degraded_hash"
+            branch = Branch.SESSION_AFFINITY if affinity else Branch.DEGRADED_HASH
             return Decision(c.endpoint, c.slot, Action.DIRECT, None, 0, branch, holder)
         costs = self.config.decision if self.speeds is None else self.speeds.costs(c.endpoint.pod.uid)
         choice = choose_action(req.prompt, c.endpoint, c.slot, state.read(LOOKUP, Lookup()), costs,
                                others=c.state.in_flight)
-        branch = "session_affinity" if choice.branch == "cold" and affinity else choice.branch
+        branch = Branch.SESSION_AFFINITY if choice.branch is Branch.COLD and affinity else choice.branch
         return Decision(c.endpoint, c.slot, choice.action, choice.snapshot, choice.predicted_blocks, branch,
                         holder, wanted=choice.wanted)
 
@@ -242,7 +243,7 @@ class Scheduler:
         every = candidates(survivors, named, idle_only=False)
         ranked = self.rank(req, state, every, [s for s in survivors if s.endpoint.n_slots > 0])
         if not ranked:  # only endpoints reporting zero slots: let the server sort it out
-            return Decision(survivors[0].endpoint, ANY_SLOT, Action.DIRECT, None, 0, "queued")
+            return Decision(survivors[0].endpoint, ANY_SLOT, Action.DIRECT, None, 0, Branch.QUEUED)
         top = ranked[0]
         endpoint = top.candidate.endpoint
         best = pod_best_slots(state.read(LOOKUP, Lookup()), endpoint.pod.uid, endpoint.n_slots)
@@ -255,9 +256,9 @@ class Scheduler:
             waiting = top.candidate.state.slot_requests
             slot = min(slots, key=lambda s: (waiting.get(s, 0), s))
             held = min(blocks, len(req.prompt.blocks))
-            return Decision(endpoint, slot, Action.DIRECT, None, held, "queued")
+            return Decision(endpoint, slot, Action.DIRECT, None, held, Branch.QUEUED)
         slot = top.candidate.slot if self._is_session_slot(top) else ANY_SLOT
-        return Decision(endpoint, slot, Action.DIRECT, None, 0, "queued")
+        return Decision(endpoint, slot, Action.DIRECT, None, 0, Branch.QUEUED)
 
     def _is_session_slot(self, sc: ScoredCandidate) -> bool:
         return any(sc.scores.get(name, 0.0) >= 1.0 for name in self._affinity)

@@ -41,7 +41,7 @@ from llamafleet_core.types import UNKEYED, Action, Endpoint, SnapshotRef, TextHa
 from llamafleet_router.background import TaskSet
 from llamafleet_router.discovery.base import PodStatus
 from llamafleet_router.scheduling.decide import ActionCosts
-from llamafleet_router.scheduling.framework import ANY_SLOT, Decision, SchedRequest
+from llamafleet_router.scheduling.framework import ANY_SLOT, Branch, Decision, SchedRequest
 from llamafleet_router.scheduling.speeds import SpeedBook
 from llamafleet_router.snapshots.base import SnapshotConfig, SnapshotMetrics
 from llamafleet_router.snapshots.cuts import held_stage
@@ -67,8 +67,6 @@ log = logging.getLogger(__name__)
 _KNOWN_TTL_S = 10.0  # how long "the fleet has a snapshot of this prefix" is trusted without a lookup
 _KNOWN_MAX = 4096
 _TOO_LONG_MAX = 4096  # heads remembered as too long for their pods (each warned about once)
-#: The branch of a request whose head does not fit its pod's slot context: no build was tried.
-HEAD_EXCEEDS_CONTEXT = "head_exceeds_context"
 # How long a waiter waits for another request's build (`SnapshotFlow.wait_limit`): the build's
 # expected time, times this, plus this margin (a pod busy with other slots' batches prefills slower
 # than it learned; tokenize and saves add a little), within the config's floor and ceiling.
@@ -131,7 +129,7 @@ class SnapshotFlow:
         if decision.slot == ANY_SLOT:
             return decision
         primed = self.primer.slots.take(decision.slot_ref)  # the request changes what the slot holds
-        if decision.branch == "queued" or target.agent_url is None:
+        if decision.branch is Branch.QUEUED or target.agent_url is None:
             return decision
         agents = peer_agents(pods, target, self.config.tokens)  # same namespace only (peers.py)
         if decision.wanted is not None and self.config.ship:
@@ -152,7 +150,7 @@ class SnapshotFlow:
                                              snap, primed)
             outcome: Restored | RestoreFailure
             if reused is not None:  # loaded ahead of demand (prime.py) and untouched since
-                outcome, decision = reused, replace(decision, snapshot=reused.snapshot, branch="primed")
+                outcome, decision = reused, replace(decision, snapshot=reused.snapshot, branch=Branch.PRIMED)
             else:
                 outcome = await self.restorer.restore(req.model, req.prompt.blocks, target, decision.slot,
                                                       snap, agents)
@@ -161,7 +159,7 @@ class SnapshotFlow:
             else:
                 failed = snap
                 decision = replace(decision, action=Action.COMPUTE, snapshot=None, predicted_blocks=0,
-                                   branch="restore_failed")
+                                   branch=Branch.RESTORE_FAILED)
         prompt = _prompt(req)
         if prompt is None or not self._worth_first_sight(prompt, decision, restored):
             return decision
@@ -229,8 +227,8 @@ class SnapshotFlow:
             if borrowed is not None:
                 self.primer.slots.take(borrowed[0].slot_ref)  # the build overwrites what it was primed with
                 self._detached.start(req, prompt, key, base, borrowed, agents, extra, known)
-                branch = "restore_first_sight_detached" if restored is not None else "first_sight_detached"
-                return replace(decision, branch=branch)
+                detached = Branch.RESTORE_FIRST_SIGHT_DETACHED if restored else Branch.FIRST_SIGHT_DETACHED
+                return replace(decision, branch=detached)
         else:
             extra = await learn
         stages = self.stage_flights.open(prompt, restored.snapshot.n_chars if restored else 0)
@@ -255,9 +253,9 @@ class SnapshotFlow:
         session_blocks = prompt.session_chars // self.config.block_chars
         if restored is not None:  # built on top of a restored stage snapshot: say which one
             return replace(decision, action=Action.RESTORE, snapshot=restored.snapshot,
-                           predicted_blocks=session_blocks, branch="restore_first_sight")
+                           predicted_blocks=session_blocks, branch=Branch.RESTORE_FIRST_SIGHT)
         return replace(decision, action=Action.COMPUTE, snapshot=None, predicted_blocks=session_blocks,
-                       branch="first_sight")
+                       branch=Branch.FIRST_SIGHT)
 
     def _finish(self, key: FlightKey, stages: StageKeys, ref: SnapshotRef | None) -> None:
         self._builds.pop(key, None)
@@ -284,7 +282,7 @@ class SnapshotFlow:
             if outcome is None:
                 return None
             return replace(decision, action=Action.RESTORE, snapshot=outcome.snapshot,
-                           predicted_blocks=ref.n_blocks, branch="restore_stage_wait"), outcome
+                           predicted_blocks=ref.n_blocks, branch=Branch.RESTORE_STAGE_WAIT), outcome
         return None
 
     async def _restore_when_built(
@@ -359,9 +357,9 @@ class SnapshotFlow:
         ref, outcome = built
         if outcome is None:
             return replace(decision, action=Action.COMPUTE, snapshot=None, predicted_blocks=0,
-                           branch="restore_failed")
+                           branch=Branch.RESTORE_FAILED)
         return replace(decision, action=Action.RESTORE, snapshot=outcome.snapshot,
-                       predicted_blocks=ref.n_blocks, branch="first_sight_wait")
+                       predicted_blocks=ref.n_blocks, branch=Branch.FIRST_SIGHT_WAIT)
 
     def _exceeds(self, key: FlightKey, context: int) -> bool:
         n_tokens = self._too_long.get(key)
@@ -369,7 +367,7 @@ class SnapshotFlow:
 
     def _too_long_branch(self, model: str, decision: Decision) -> Decision:
         self.metrics.head_too_long.labels(model).inc()
-        return replace(decision, branch=HEAD_EXCEEDS_CONTEXT)
+        return replace(decision, branch=Branch.HEAD_EXCEEDS_CONTEXT)
 
     def _built(self, key: FlightKey, model: str, task: asyncio.Future[SnapshotRef | None],
                ) -> SnapshotRef | None:

@@ -114,7 +114,7 @@ def test_in_flight_remembers_when_each_slot_was_released() -> None:
     slot keeps its previous release, and pods are kept apart."""
     from prometheus_client import CollectorRegistry
 
-    from llamafleet_router.fleet import InFlight
+    from llamafleet_router.fleet.state import InFlight
     from llamafleet_router.metrics import RouterMetrics
 
     flight = InFlight(RouterMetrics(CollectorRegistry()))

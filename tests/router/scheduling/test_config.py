@@ -114,7 +114,7 @@ def test_settings_override_the_pipelines_small_batch_cliff_when_given(tmp_path: 
     devices) wins over the pipeline file's `decision:`, and leaves every other decision field alone."""
     from llamafleet_core.index import InMemoryPrefixIndex, InMemorySlotLeases
     from llamafleet_router.app import build_scheduler
-    from llamafleet_router.leases import ReplicaLeases
+    from llamafleet_router.fleet.leases import ReplicaLeases
     from llamafleet_router.metrics import RouterMetrics
     from llamafleet_router.settings import RouterSettings
 

@@ -173,7 +173,7 @@ async def test_queued_requests_join_the_shortest_queue_of_the_slots_holding_the_
     from prometheus_client import CollectorRegistry
 
     from llamafleet_router.discovery.base import PodProps, PodStatus
-    from llamafleet_router.fleet import InFlight, endpoint_states
+    from llamafleet_router.fleet.state import InFlight, endpoint_states
     from llamafleet_router.metrics import RouterMetrics
 
     pod = state("a", n_slots=2).endpoint

@@ -33,9 +33,8 @@ import httpx
 from starlette.responses import Response
 
 from llamafleet_router.errors import SERVER, ApiError, sse_error_event
-from llamafleet_router.gone import GoneSignal, PodUnreachable, unless_gone
-from llamafleet_router.hooks import Outcome
-from llamafleet_router.relay import (
+from llamafleet_router.proxy.gone import GoneSignal, PodUnreachable, unless_gone
+from llamafleet_router.proxy.relay import (
     ErrorEvent,
     OnAnswerStart,
     OnFinish,
@@ -45,8 +44,9 @@ from llamafleet_router.relay import (
     prepend,
     relay,
 )
-from llamafleet_router.sse import stats_from_body
-from llamafleet_router.upstream import GatewayClient
+from llamafleet_router.proxy.sse import stats_from_body
+from llamafleet_router.proxy.upstream import GatewayClient
+from llamafleet_router.request.after import Outcome
 
 # Hop-by-hop headers (RFC 9110 7.6.1) and those Starlette recomputes.
 _DROP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",

@@ -18,9 +18,9 @@ from llamafleet_core.index.base import IndexUnavailable, PrefixIndex
 from llamafleet_core.types import PromptTags, SlotRef
 from llamafleet_router.background import IndexHealth
 from llamafleet_router.metrics import RouterMetrics
+from llamafleet_router.proxy.sse import Stats
 from llamafleet_router.scheduling.framework import ANY_SLOT, Decision, EndpointState, PromptLike, SchedRequest
 from llamafleet_router.scheduling.speeds import SpeedBook
-from llamafleet_router.sse import Stats
 
 log = logging.getLogger(__name__)
 

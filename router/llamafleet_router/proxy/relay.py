@@ -20,9 +20,9 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from llamafleet_router.errors import sse_error_event
-from llamafleet_router.gone import GoneSignal
-from llamafleet_router.hooks import Outcome
-from llamafleet_router.sse import SSETap
+from llamafleet_router.proxy.gone import GoneSignal
+from llamafleet_router.proxy.sse import SSETap
+from llamafleet_router.request.after import Outcome
 
 log = logging.getLogger(__name__)
 
