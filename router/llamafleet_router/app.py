@@ -46,7 +46,9 @@ from llamafleet_router.fleet.ownership import ModelOwners
 from llamafleet_router.logs import client_request_id_var, request_id_var
 from llamafleet_router.metrics import RouterMetrics
 from llamafleet_router.proxy.upstream import GatewayClient
-from llamafleet_router.request.after import AfterResponse, SchedulerLike
+from llamafleet_router.request.after import SchedulerLike
+from llamafleet_router.request.assembly import Fixed, assemble
+from llamafleet_router.request.director import Upstream
 from llamafleet_router.request.prompts import PromptRenderer
 from llamafleet_router.settings import RouterSettings
 from llamafleet_router.snapshots import SnapshotConfig
@@ -248,20 +250,24 @@ def create_app(
         snapshot_config = gateway.snapshot_config
         if bind is not None and snapshot_config is not None and snapshot_config.tokens is not None:
             bind(snapshot_config.tokens)
+        replica_leases: ReplicaLeases | None = None
         if scheduler is None:
-            gateway.leases = ReplicaLeases(leases, replica_name())
-            sched = build_scheduler(settings, index, gateway.leases, metrics)
+            replica_leases = ReplicaLeases(leases, replica_name())
+            sched = build_scheduler(settings, index, replica_leases, metrics)
         else:
             sched = scheduler
-        gateway.http, gateway.discovery, gateway.scheduler = client, disc, sched
-        # The scheduler's per-pod speeds learn from answers and restores (an injected scheduler may
-        # have none: then the configured figures stay).
-        gateway.speeds = getattr(sched, "speeds", None)
-        gateway.after = AfterResponse(
-            index=index, scheduler=sched, metrics=metrics, health=health,
-            block_chars=settings.block_chars, chars_per_token=settings.chars_per_token,
-            speeds=gateway.speeds,
-        )
+        config, snapshot_metrics = gateway.snapshot_config, gateway.snapshot_metrics
+        fixed = Fixed(
+            in_flight=gateway.in_flight, tasks=gateway.tasks, owners=gateway.owners, tenancy=gateway.tenancy,
+            metrics=metrics, health=health, retries=settings.retries, block_chars=settings.block_chars,
+            chars_per_token=settings.chars_per_token,
+            snapshots=None if config is None or snapshot_metrics is None else (config, snapshot_metrics))
+        gateway.start(assemble(
+            fixed, upstream=Upstream(client, gateway.pod_headers, settings.max_response_bytes),
+            discovery=disc, scheduler=sched, index=index, leases=replica_leases,
+            # The scheduler's per-pod speeds learn from answers and restores (an injected scheduler may
+            # have none: then the configured figures stay).
+            speeds=getattr(sched, "speeds", None)))
         await health.check()
         watcher = asyncio.create_task(health.run(), name="index-health")
         await disc.start()

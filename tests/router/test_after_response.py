@@ -8,10 +8,13 @@ from prometheus_client import CollectorRegistry
 
 from llamafleet_core.index.memory import InMemoryPrefixIndex
 from llamafleet_core.types import Action, PromptTags
-from llamafleet_router.background import IndexHealth
+from llamafleet_router.background import IndexHealth, TaskSet
+from llamafleet_router.fleet.state import InFlight
 from llamafleet_router.metrics import RouterMetrics
+from llamafleet_router.proxy.relay import Outcome
 from llamafleet_router.proxy.sse import Stats
-from llamafleet_router.request.after import AfterResponse, Outcome
+from llamafleet_router.request.after import AfterResponse
+from llamafleet_router.request.claim import Claims
 from llamafleet_router.scheduling.framework import Decision, SchedRequest
 from tests.router.scheduling.fakes import MODEL, FakePrompt, chain, endpoint, slot
 
@@ -47,16 +50,21 @@ async def test_a_late_finish_does_not_overwrite_the_record_of_the_request_that_t
     after = AfterResponse(index=index, scheduler=leases, metrics=metrics,
                           health=IndexHealth(index, metrics, 1.0), block_chars=256, chars_per_token=4.0)
     one, two = _request("r1", "a"), _request("r2", "b")
-    decision = Decision(endpoint("p"), 0, Action.DIRECT, None, 0, "cold")
+    decision = Decision(endpoint("p"), 0, Action.DIRECT, None, 0, "cold", lease_holder="replica")
+    tasks = TaskSet()  # the lease goes after the record, both in the background (request/claim.py)
+    claims = Claims(in_flight=InFlight(metrics), tasks=tasks, release_lease=after.release)
+    claim_one, claim_two = claims.claim(decision), claims.claim(decision)
     await after.dispatched(one, decision)
     await after.dispatched(two, decision)
     done = Outcome(status=200, stats=Stats(cache_n=0, prompt_n=1500, predicted_n=8), completed=True)
-    await after.finished(one, decision, done)
+    claim_one.release(first=after.finished(one, decision, done))
+    await tasks.drain()
     found = await index.lookup(MODEL, chain("b", 6), _tags("b"))
     assert found.slots == {slot("p", 0): 6} and found.conversation == slot("p", 0)
     assert (await index.lookup(MODEL, chain("a", 6), _tags("a"))).slots == {}
     assert leases.released == 1
     # Its own finish, in order, records it again.
-    await after.finished(two, decision, done)
+    claim_two.release(first=after.finished(two, decision, done))
+    await tasks.drain()
     found = await index.lookup(MODEL, chain("b", 6), _tags("b"))
     assert found.conversation == slot("p", 0) and leases.released == 2

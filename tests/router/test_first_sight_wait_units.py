@@ -20,7 +20,7 @@ from llamafleet_router.scheduling.decide import ActionCosts
 from llamafleet_router.scheduling.framework import Decision, SchedRequest
 from llamafleet_router.scheduling.speeds import SpeedBook
 from llamafleet_router.snapshots import SnapshotConfig, SnapshotFlow, SnapshotMetrics
-from llamafleet_router.snapshots import flow as flow_module
+from llamafleet_router.snapshots import waits as waits_module
 from tests.router.test_head_context_units import MockPods, cold, status
 from tests.router.test_snapshot_units import SYSTEM, identity, pod
 
@@ -43,7 +43,7 @@ def flow_with(mock: MockPods, speeds: SpeedBook, ceiling_s: float) -> SnapshotFl
 
 @pytest.fixture(autouse=True)
 def no_margin(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(flow_module, "WAIT_MARGIN_S", 0.0)  # limits of milliseconds, not seconds
+    monkeypatch.setattr(waits_module, "WAIT_MARGIN_S", 0.0)  # limits of milliseconds, not seconds
 
 
 async def lead(flow: SnapshotFlow, mock: MockPods, target: Endpoint, pods: list[PodStatus],
@@ -72,7 +72,7 @@ def test_the_wait_follows_the_expected_build_within_floor_and_ceiling() -> None:
     assert flow.expected_build_s(len(SYSTEM), slow.uid) == pytest.approx(HEAD_TOKENS / 40.0)
     # An unknown pod is assumed a slow CPU pod, not the cost model's 2,000 tokens/s: a 16K-token head
     # is expected to take 80 s there, so its waiters wait 160 s plus the margin rather than giving up.
-    rate = flow_module.UNKNOWN_POD_PREFILL_TOKENS_PER_S
+    rate = waits_module.UNKNOWN_POD_PREFILL_TOKENS_PER_S
     assert rate < ActionCosts().prefill_tokens_per_s
     assert flow.expected_build_s(len(SYSTEM), unknown.uid) == pytest.approx(HEAD_TOKENS / rate)
     assert flow.expected_build_s(64_000, unknown.uid) == pytest.approx(80.0)

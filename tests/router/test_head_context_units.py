@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import Any
 
 import httpx
 import pytest
@@ -105,16 +104,13 @@ async def test_a_request_waiting_for_the_builder_of_a_too_long_head_says_so_too(
     small = [status(target, 512)]
     leader = asyncio.create_task(flow.prepare(SchedRequest("r1", "m", identity()), cold(target, 1), small))
     await asyncio.wait_for(mock.tokenizing.wait(), 5)
-    joined = asyncio.Event()
-    wait = flow._wait
-
-    async def waiting(*args: Any) -> Decision:
-        joined.set()  # the second request joined the leader's flight
-        return await wait(*args)
-
-    flow._wait = waiting  # type: ignore[method-assign]
     waiter = asyncio.create_task(flow.prepare(SchedRequest("r2", "m", identity()), cold(target, 2), small))
-    await asyncio.wait_for(joined.wait(), 5)
+    waiting = flow.metrics.first_sight.labels("waiter")
+    for _ in range(10_000):  # until the second request joined the leader's flight (counted as it joins)
+        if waiting._value.get() >= 1:
+            break
+        await asyncio.sleep(0)
+    assert waiting._value.get() == 1
     mock.release.set()
     assert (await leader).branch == "head_exceeds_context"
     assert (await waiter).branch == "head_exceeds_context"

@@ -175,16 +175,16 @@ def test_first_sight_builds_the_shared_head_not_a_conversations_own_prefix() -> 
     """A later turn's session prefix holds its history, which no other session sends: first sight
     targets the shared head (tools and system prompt) instead, once for every session of the agent."""
     from llamafleet_router.scheduling.framework import SchedRequest
-    from llamafleet_router.snapshots.flow import _prompt
+    from llamafleet_router.snapshots.preparation import head_prompt as _prompt
 
     history = "<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\nhi there<|im_end|>\n"
     text = SYSTEM + history + "<|im_start|>user\nand now?<|im_end|>\n<|im_start|>assistant\n"
     later = PromptIdentity("m", text, block_chain(text, seed="m", block_chars=BC), BC, len(SYSTEM + history),
                            "template", len(SYSTEM))
     prompt = _prompt(SchedRequest(request_id="r", model="m", prompt=later))
-    assert prompt is not None and prompt.session_chars == len(SYSTEM)
+    assert prompt is not None and prompt.head_chars == len(SYSTEM)
     first = _prompt(SchedRequest(request_id="r", model="m", prompt=identity()))
-    assert first is not None and first.session_chars == len(SYSTEM)
+    assert first is not None and first.head_chars == len(SYSTEM)
 
 
 def test_held_stage_is_the_longest_snapshot_of_the_prompt_within_the_window_and_the_slot() -> None:
@@ -302,18 +302,22 @@ async def test_priming_gives_every_borrowed_slot_back_and_avoids_the_slots_it_pr
                 raise outcome
             return cast(Restored | RestoreFailure, outcome)
 
-    async def borrow(req: SchedRequest, *, pod_uid: str | None = None, min_idle: int = 1,
-                     avoid: frozenset[int] = frozenset()) -> Any:
-        assert pod_uid == "p0" and min_idle == 2
-        borrowed.append(avoid)
-        choice = next((s for s in (1, 2, 3) if s not in avoid), None)
-        if choice is None:
-            return None
+    class Lent:
+        def __init__(self, slot: int) -> None:
+            self.decision = Decision(target, slot, Action.COMPUTE, None, 0, "cold")
 
-        async def give_back() -> None:
-            given_back.append(choice)
+        def release(self, first: object = None) -> None:
+            given_back.append(self.decision.slot)
 
-        return Decision(target, choice, Action.COMPUTE, None, 0, "cold"), give_back
+    class Lender:
+        async def lend(self, req: SchedRequest, *, pod_uid: str | None = None, min_idle: int = 1,
+                       avoid: frozenset[int] = frozenset()) -> Lent | None:
+            assert pod_uid == "p0" and min_idle == 2
+            borrowed.append(avoid)
+            choice = next((s for s in (1, 2, 3) if s not in avoid), None)
+            return None if choice is None else Lent(choice)
+
+    borrow = Lender()
 
     async def prime(run: list[object], count: int) -> list[int]:
         outcomes[:] = run

@@ -50,9 +50,9 @@ async def test_the_flight_registry_gives_each_tenant_group_its_own_flight_of_one
     alice, alice2, bob = (prompt_of(k, tenancy) for k in ("alice", "alice2", "bob"))
     assert alice.text == bob.text  # the very same head, sent by two groups
     flights = Flights()
-    a_leads, a_flight = flights.join(alice.flight_key(alice.session_chars))
-    b_leads, b_flight = flights.join(bob.flight_key(bob.session_chars))
-    a2_leads, a2_flight = flights.join(alice2.flight_key(alice2.session_chars))
+    a_leads, a_flight = flights.join(alice.flight_key(alice.head_chars))
+    b_leads, b_flight = flights.join(bob.flight_key(bob.head_chars))
+    a2_leads, a2_flight = flights.join(alice2.flight_key(alice2.head_chars))
     assert a_leads and b_leads and b_flight is not a_flight  # bob builds his own, never waits for alice's
     assert not a2_leads and a2_flight is a_flight  # alice's other key waits for alice's build
     # The stages a build saves (and another session may wait for) are per group too.

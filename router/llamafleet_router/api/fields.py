@@ -11,7 +11,7 @@ gateway forwards an allow-list per route:
   params), which llama-server reads as documented or ignores;
 - on the OpenAI routes, a chosen set of llama.cpp sampling knobs: per-token cost, no state beyond the
   request (`LLAMA_SAMPLING`);
-- `id_slot` and `cache_prompt`, which `upstream_body` always overrides (the router chooses the slot, and
+- `id_slot` and `cache_prompt`, which `pinned_body` always overrides (the router chooses the slot, and
   prompt caching stays on: a client's `false` would only cost a recompute, silently, by design);
 - whatever `extra_fields` allows, for every key or for one key (e.g. `batch:grammar`): llama-server's
   own `n_cmpl` (then bounded like `n`), `lora` (it changes the pod's adapters for the request's slot),

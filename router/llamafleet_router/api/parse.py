@@ -164,19 +164,6 @@ def _session_id(body: dict[str, Any]) -> str | None:
     return None
 
 
-def upstream_body(body: dict[str, Any], slot: int) -> bytes:
-    """The body forwarded to llama-server: pinned to the chosen slot, with prompt caching on.
-
-    A client's own `id_slot` is overridden: clients never choose the slot (design invariant)."""
-    forwarded = dict(body)
-    forwarded["id_slot"] = slot
-    forwarded["cache_prompt"] = True
-    try:
-        return orjson.dumps(forwarded)  # ~30x faster than json.dumps for an agent request
-    except TypeError:  # an integer past 64 bits: the standard encoder writes it as is
-        return json.dumps(forwarded, ensure_ascii=False, separators=(",", ":")).encode()
-
-
 async def read_body(request: Request, limit: int, timeout_s: float | None = None) -> bytes:
     """The body, refusing more than `limit` bytes by Content-Length AND by counting (chunked bodies),
     and a body still arriving `timeout_s` after the start (408: a slow-loris client holds a task and

@@ -12,6 +12,7 @@ from pathlib import PurePosixPath
 from typing import Any, Protocol, runtime_checkable
 
 from llamafleet_core.types import Endpoint, PodRef
+from llamafleet_router.proxy.gone import GoneSignal
 
 #: Called with a pod's ref when it went down, restarted or left, so its index entries are purged
 #: (fencing); when it restarted, with the OLD ref, before the pod is routable again.
@@ -116,3 +117,6 @@ class Discovery(Protocol):
     def mark_down(self, uid: str) -> None:
         """The proxy could not connect to pod `uid`: stop routing to it until it answers `/health` again
         (and have its index entries purged)."""
+
+    def gone(self, uid: str) -> GoneSignal:
+        """Set when pod `uid` hangs or goes away: the requests waiting on it stop at once."""

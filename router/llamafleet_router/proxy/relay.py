@@ -13,6 +13,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -21,10 +22,21 @@ from starlette.types import Receive, Scope, Send
 
 from llamafleet_router.errors import sse_error_event
 from llamafleet_router.proxy.gone import GoneSignal
-from llamafleet_router.proxy.sse import SSETap
-from llamafleet_router.request.after import Outcome
+from llamafleet_router.proxy.sse import SSETap, Stats
 
 log = logging.getLogger(__name__)
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """How one proxied response ended."""
+
+    status: int
+    stats: Stats | None = None
+    completed: bool = False  # the upstream body was read to its end
+    disconnected: bool = False  # the client went away first
+    error: str | None = None  # the upstream failed midway
+    served_slot: int | None = None  # the slot llama-server reports it used, when it says
+
 
 OnFinish = Callable[[Outcome, Callable[[], Awaitable[None]]], None]
 OnFirstByte = Callable[[float], None]

@@ -1,4 +1,5 @@
-"""After a response: give the slot lease back, record what the slot now holds, check the prediction.
+"""After a response: record what the slot now holds and check the prediction; the lease's release
+(`release`, run by the request's slot claim once the record is written).
 
 Runs in a tracked background task, never on the request path. The index is a hint and llama-server's
 `timings.cache_n` is the truth: when the index predicted that the slot held part of the prompt
@@ -10,14 +11,14 @@ Runs in a tracked background task, never on the request path. The index is a hin
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Protocol
 
 from llamafleet_core.index.base import IndexUnavailable, PrefixIndex
 from llamafleet_core.types import PromptTags, SlotRef
 from llamafleet_router.background import IndexHealth
 from llamafleet_router.metrics import RouterMetrics
+from llamafleet_router.proxy.relay import Outcome
 from llamafleet_router.proxy.sse import Stats
 from llamafleet_router.scheduling.framework import ANY_SLOT, Decision, EndpointState, PromptLike, SchedRequest
 from llamafleet_router.scheduling.speeds import SpeedBook
@@ -32,18 +33,6 @@ class SchedulerLike(Protocol):
     async def schedule(self, req: SchedRequest, endpoints: Sequence[EndpointState]) -> Decision: ...
 
     async def release(self, decision: Decision) -> None: ...
-
-
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    """How one proxied response ended."""
-
-    status: int
-    stats: Stats | None = None
-    completed: bool = False  # the upstream body was read to its end
-    disconnected: bool = False  # the client went away first
-    error: str | None = None  # the upstream failed midway
-    served_slot: int | None = None  # the slot llama-server reports it used, when it says
 
 
 def _tags(prompt: PromptLike) -> PromptTags | None:
@@ -123,27 +112,14 @@ class AfterResponse:
             self._metrics.index_errors.labels("record_dispatched").inc()
             log.exception("recording the slot in the index failed")
 
-    async def finished(
-        self,
-        req: SchedRequest,
-        decision: Decision,
-        outcome: Outcome,
-        close: Callable[[], Awaitable[None]] | None = None,
-    ) -> None:
-        # Index, then lease, before anything else: the client may already be sending its next turn. The
-        # record goes first so that another replica, which can take the slot only once the lease is
-        # released, records after it. (This replica's next request took the slot locally already.)
-        # Closing the upstream response can wait for the relay to finish reading it.
+    async def finished(self, req: SchedRequest, decision: Decision, outcome: Outcome) -> None:
+        """Record what the slot holds now and learn the pod's speed; run before the slot's lease goes
+        (`SlotClaim.release(first=...)`): the client may already be sending its next turn, and another
+        replica, which can take the slot only once the lease is gone, must record after this."""
         if outcome.status < 400 and outcome.stats is not None and outcome.stats.cache_n is not None:
             slot = decision.slot if decision.slot != ANY_SLOT else outcome.served_slot
             await self._verify_and_record(req, decision, slot, outcome.stats)
             self._learn(req.prompt, decision, outcome.stats)
-        await self.release(decision)
-        if close is not None:
-            try:
-                await close()
-            except Exception:
-                log.debug("closing the upstream response failed", exc_info=True)
 
     def _learn(self, prompt: PromptLike, decision: Decision, stats: Stats) -> None:
         """Teach the cost model how fast this pod computed the prompt (scheduling/speeds.py)."""

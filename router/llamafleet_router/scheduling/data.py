@@ -94,10 +94,10 @@ class Branch(StrEnum):
     RESTORE_FIRST_SIGHT_DETACHED = "restore_first_sight_detached"  # the same, from a restored stage
     HEAD_EXCEEDS_CONTEXT = "head_exceeds_context"  # the head does not fit the pod's slot context
 
-    @property
-    def degraded(self) -> bool:
-        """Decided without the index."""
-        return self in (Branch.DEGRADED_HASH, Branch.DEGRADED_FALLBACK)
+
+
+#: The branches of decisions made without the index.
+DEGRADED_BRANCHES = frozenset({Branch.DEGRADED_HASH, Branch.DEGRADED_FALLBACK})
 
 
 # ---- per-request data -----------------------------------------------------------------------------
@@ -235,6 +235,9 @@ class Decision:
     # A snapshot on another pod that would have given this pod more than what it uses now, had it been
     # here (`decide.wanted_here`): the snapshot flow copies it here in the background for the next one.
     wanted: SnapshotRef | None = None
+    # The index lookup the decision was made on (its live pods' part), for the steps after it (the
+    # snapshot flow's first sight): one lookup per request. None when the index was not read.
+    lookup: Lookup | None = field(default=None, compare=False, repr=False)
 
     @property
     def slot_ref(self) -> SlotRef:

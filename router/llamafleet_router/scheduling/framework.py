@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict
 from llamafleet_core.types import SlotRef
 from llamafleet_router.scheduling.data import (
     ANY_SLOT,
+    DEGRADED_BRANCHES,
     INDEX_AVAILABLE,
     LOOKUP,
     RESTORE_ENABLED,
@@ -37,6 +38,7 @@ from llamafleet_router.scheduling.data import (
 
 __all__ = [
     "ANY_SLOT",
+    "DEGRADED_BRANCHES",
     "INDEX_AVAILABLE",
     "LOOKUP",
     "RESTORE_ENABLED",

@@ -233,7 +233,7 @@ class Scheduler:
         costs = self.config.decision if self.speeds is None else self.speeds.costs(c.endpoint.pod.uid)
         choice = choose_action(req.prompt, c.endpoint, c.slot, state.read(LOOKUP, Lookup()), costs,
                                others=c.state.in_flight)
-        branch = Branch.SESSION_AFFINITY if choice.branch is Branch.COLD and affinity else choice.branch
+        branch = Branch.SESSION_AFFINITY if choice.branch == Branch.COLD and affinity else choice.branch
         return Decision(c.endpoint, c.slot, choice.action, choice.snapshot, choice.predicted_blocks, branch,
                         holder, wanted=choice.wanted)
 

@@ -170,7 +170,7 @@ def last_line_start(text: str, end: int) -> int:
     return nl + 1 if nl >= 0 else 0
 
 
-def stage_points(text: str, session_chars: int, *, min_chars: int, min_gap: int, limit: int) -> list[int]:
+def stage_points(text: str, head_chars: int, *, min_chars: int, min_gap: int, limit: int) -> list[int]:
     """Char positions inside the session prefix at which to save stage snapshots, ascending.
 
     In order of preference, at most `limit`:
@@ -181,7 +181,7 @@ def stage_points(text: str, session_chars: int, *, min_chars: int, min_gap: int,
       close together, since what matters is where prompts part, not how much a cut saves;
     - special-token starts at least `min_gap` characters from the session end and from each other
       (a cut a few tokens before another saves nothing), the latest first."""
-    end = session_chars
+    end = head_chars
     chosen: list[int] = []
     line = last_line_start(text, end)
     if min_chars <= line < end and line in safe_cuts(text, line - 1, line + 1):
@@ -228,7 +228,7 @@ def divergence_point(text: str, common_chars: int, *, min_chars: int) -> int | N
 
 
 def held_stage(
-    text: str, session_chars: int, held_chars: int, snapshots: Sequence[SnapshotRef], *, window: int,
+    text: str, head_chars: int, held_chars: int, snapshots: Sequence[SnapshotRef], *, window: int,
     hasher: Callable[[str], str] | None = None,
 ) -> SnapshotRef | None:
     """The longest snapshot of `text` ending within `window` characters before the session prefix's
@@ -236,7 +236,7 @@ def held_stage(
     the request itself computes only the tail in its own slot."""
     best: SnapshotRef | None = None
     for snap in snapshots:
-        tail = session_chars - snap.n_chars
+        tail = head_chars - snap.n_chars
         if not snap.text_hash or not 0 < tail <= window or snap.n_chars > held_chars:
             continue
         if (best is None or snap.n_chars > best.n_chars) and snap.extended_by(text, hasher):

@@ -4,8 +4,8 @@ On a later day a session resumes from a stage snapshot (restored, or still held 
 previous day's session) and only a short tail is new: the date line. Building the session prefix in
 the request's own slot would hold that request for a tokenize, a prefill and a save; instead
 `SnapshotFlow` forwards the request at once and hands the build to `DetachedBuilds.start`, in another
-idle slot the gateway lends (`BorrowSlot`: leased and counted in flight like a request's, so no request
-is pinned to it meanwhile).
+idle slot the gateway lends (`SlotLender`: claimed like a request's slot, so no request is pinned to it
+meanwhile).
 
 Why it lives apart from the flow, and its rules:
 - It starts only once the request it was detached from answers (its first byte, or its end:
@@ -15,8 +15,7 @@ Why it lives apart from the flow, and its rules:
   prefill and stage single flight as an in-place build.
 - Concurrent sessions that restored the same stage do not wait for it (`running`): they already hold
   what the build starts from, and waiting would only delay them.
-- The flight ends whatever happens, and the borrowed slot is given back within `_RELEASE_S` (at
-  shutdown the lease store may be gone; the lease's TTL is the backstop).
+- The flight ends whatever happens, and the borrowed slot is given back (its claim's one release).
 """
 
 from __future__ import annotations
@@ -46,32 +45,31 @@ from llamafleet_router.snapshots.restore import Restored, RestoreExecutor
 log = logging.getLogger(__name__)
 
 _DETACHED_START_S = 5.0  # a detached build waits at most this long for its request's first byte
-_RELEASE_S = 5.0  # a borrowed slot is given back within this, or left to its lease's TTL
 # A detached build computes the tail after the stage again, beside the request that computes it too:
 # worth it for a date line (tens of tokens) and for a workspace's block (a real client's working folder
 # sits ~1.3K characters before its head's end: built in place, the tokenize, the tail's prefill and its
 # saves held that request 1.6-1.9x as long as a plain server took); a longer tail is built once, in place.
 DETACH_MAX_TAIL_CHARS = 4096
 
-#: A slot lent to a background build (a scheduling decision that holds its lease) and how to give it back.
-Borrowed = tuple[Decision, Callable[[], Awaitable[None]]]
+class LentSlot(Protocol):
+    """A slot lent to a background build: the scheduling decision that holds it, and its one release
+    (`request.claim.SlotClaim`)."""
+
+    @property
+    def decision(self) -> Decision: ...
+
+    def release(self, first: Awaitable[None] | None = None) -> None: ...
 
 
-async def give_back(release: Callable[[], Awaitable[None]]) -> None:
-    """Give a borrowed slot back, within `_RELEASE_S`: at shutdown the lease store may be gone, and the
-    lease's TTL is the backstop. Never raises."""
-    with contextlib.suppress(Exception):
-        await asyncio.wait_for(release(), _RELEASE_S)
-
-
-class BorrowSlot(Protocol):
+class SlotLender(Protocol):
     """Lends an idle slot for `req`'s prompt (on pod `pod_uid` only, when given, only while that pod
-    has at least `min_idle` idle slots, and none of the slots in `avoid`); None when there is none."""
+    has at least `min_idle` idle slots, and none of the slots in `avoid`); None when there is none
+    (`request.lender.SlotLender`)."""
 
-    def __call__(
+    async def lend(
         self, req: SchedRequest, *, pod_uid: str | None = None, min_idle: int = 1,
         avoid: frozenset[int] = frozenset(),
-    ) -> Awaitable[Borrowed | None]: ...
+    ) -> LentSlot | None: ...
 
 
 class DetachedBuilds:
@@ -110,7 +108,7 @@ class DetachedBuilds:
         self._detached.discard(key)
 
     def start(
-        self, req: SchedRequest, prompt: Prompt, key: FlightKey, stage: SnapshotRef, borrowed: Borrowed,
+        self, req: SchedRequest, prompt: Prompt, key: FlightKey, stage: SnapshotRef, borrowed: LentSlot,
         agents: dict[str, str], extra: list[int], known: frozenset[tuple[str, int]],
     ) -> None:
         """Spawn the build of `key` from `stage` in the borrowed slot; it waits for `req` to answer."""
@@ -134,7 +132,7 @@ class DetachedBuilds:
 
     async def _build_detached(
         self, req: SchedRequest, prompt: Prompt, key: FlightKey, stage: SnapshotRef,
-        borrowed: Borrowed, agents: dict[str, str], extra: list[int], known: frozenset[tuple[str, int]],
+        borrowed: LentSlot, agents: dict[str, str], extra: list[int], known: frozenset[tuple[str, int]],
         answering: asyncio.Event,
     ) -> None:
         """Restore `stage` into the borrowed slot, build the session prefix there, then give it back.
@@ -142,7 +140,7 @@ class DetachedBuilds:
         It starts once the request it was detached from answers (`request_answering`), or after
         `_DETACHED_START_S` at the latest: on a small pod the build's tokenize and prefill would
         otherwise compete with that request for the same cores. The flight ends whatever happens."""
-        slot, release = borrowed
+        slot = borrowed.decision
         ref: SnapshotRef | None = None
         stages: StageKeys = {}
         touched = False
@@ -170,7 +168,7 @@ class DetachedBuilds:
             self._finish(key, stages, ref)
             if touched:  # before the slot is given back: the next request must see what it holds
                 await self._record(req, slot, ref)
-            await give_back(release)
+            borrowed.release()
 
     async def _record(self, req: SchedRequest, slot: Decision, built: SnapshotRef | None) -> None:
         """What the borrowed slot holds now: the built prefix, or nothing known (a failed build). Left

@@ -38,7 +38,7 @@ class HeadFamilies:
         family = await self._read(prompt.model, family_key)
         config = self._config
         learned = learned_cuts(
-            prompt.text, prompt.session_chars, prompt.blocks, family, lookup.slots.values(),
+            prompt.text, prompt.head_chars, prompt.blocks, family, lookup.slots.values(),
             block_chars=config.block_chars, min_chars=config.first_sight_min_chars, limit=config.learned_cuts,
             held=_held(prompt, lookup, restored), hasher=prompt.hasher)
         head = learned.head
@@ -70,4 +70,4 @@ def _held(prompt: Prompt, lookup: Lookup, restored: SnapshotRef | None) -> list[
     """Lengths of the exact prefixes of the prompt's head that snapshots hold (its stages)."""
     snaps = [*lookup.snapshots, *((restored,) if restored is not None else ())]
     return [s.n_chars for s in snaps
-            if s.text_hash and s.n_chars < prompt.session_chars and s.extended_by(prompt.text, prompt.hasher)]
+            if s.text_hash and s.n_chars < prompt.head_chars and s.extended_by(prompt.text, prompt.hasher)]

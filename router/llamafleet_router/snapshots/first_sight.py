@@ -101,16 +101,16 @@ class Flights:
 StageKeys = dict[int, FlightKey]  # stage cut (chars) -> its flight key
 
 
-def _first_cut(points: Sequence[int], extra: Sequence[int], block_chars: int, session_chars: int,
+def _first_cut(points: Sequence[int], extra: Sequence[int], block_chars: int, head_chars: int,
                ) -> int | None:
     """The first cut a build would save (stage points and extra cuts alike), if any."""
-    return min((c for c in {*points, *extra} if block_chars <= c < session_chars), default=None)
+    return min((c for c in {*points, *extra} if block_chars <= c < head_chars), default=None)
 
 
 def prompt_stages(prompt: Prompt, config: SnapshotConfig) -> list[int]:
     """The stage points of a prompt's session prefix: one function for the build that saves them and
     for the requests that wait for them, so both name the same stages."""
-    return stage_points(prompt.text, prompt.session_chars, min_chars=config.first_sight_min_chars,
+    return stage_points(prompt.text, prompt.head_chars, min_chars=config.first_sight_min_chars,
                         min_gap=config.min_gap, limit=config.stages)
 
 
@@ -130,7 +130,7 @@ class StageFlights:
     def keys(self, prompt: Prompt, after_chars: int) -> StageKeys:
         """Flight keys of the prompt's stage points past `after_chars` (the points the build uses)."""
         return {c: prompt.flight_key(c)
-                for c in prompt_stages(prompt, self._config) if after_chars < c < prompt.session_chars}
+                for c in prompt_stages(prompt, self._config) if after_chars < c < prompt.head_chars}
 
     def open(self, prompt: Prompt, after_chars: int) -> StageKeys:
         """Open a flight for each stage past `after_chars` that nobody else is building."""
@@ -156,7 +156,7 @@ class Prompt:
     model: str
     text: str
     blocks: tuple[str, ...]
-    session_chars: int
+    head_chars: int
     hasher: TextHasher = UNKEYED
 
     def text_hash(self, chars: int) -> str:
@@ -242,7 +242,7 @@ class StagedPrefill:
         spent: _Spent, slot_context: int = 0,
     ) -> SnapshotRef | None:
         assert target.agent_url is not None
-        session = prompt.text[: prompt.session_chars]
+        session = prompt.text[: prompt.head_chars]
         llama = LlamaClient(target.url, self._http, self._config.pod_api_key)
         agent = AgentClient(target.agent_url, self._http, self._config.agent_token(target.agent_url))
         points = prompt_stages(prompt, self._config)
@@ -251,7 +251,7 @@ class StagedPrefill:
         # in its main loop), so the tokenize (~0.1 s at 14K tokens here) no longer comes first. The
         # server's own count for that text is checked against the head's tokens before the stage is
         # saved; a mismatch only costs that stage (the next prefill reuses what matches).
-        ahead = _first_cut(points, extra_cuts, self._config.block_chars, prompt.session_chars)
+        ahead = _first_cut(points, extra_cuts, self._config.block_chars, prompt.head_chars)
         early = None
         # (not for a head that looks too long: its first stage would be computed for a build never made)
         if start_tokens == 0 and ahead is not None and likely_fits(session, slot_context):
@@ -298,7 +298,7 @@ class StagedPrefill:
             if done < len(tokens) and not await self._prefill(llama, tokens, slot):
                 return None
         with spent("save"):
-            return await self._save(agent, prompt, target, slot, "fs", prompt.session_chars, tokens)
+            return await self._save(agent, prompt, target, slot, "fs", prompt.head_chars, tokens)
 
     async def _prefill_text(self, llama: LlamaClient, text: str, slot: int) -> int:
         """Prefill `text` (tokenized by the server, as a chat prompt is); the prompt tokens it computed,

@@ -12,7 +12,7 @@ Rules, and why:
   the burst onto two pods, and on pods that share a machine's cores (two cores, one thread per pod)
   the 3rd session then waited longer behind two busy main loops (dense: median 0.25 s against 0.22 s,
   tail 0.44 s). Another pod gets the snapshot when one of its sessions wants it (ship.py).
-- The slots are borrowed from the gateway one at a time (`BorrowSlot`: leased and counted in flight,
+- The slots are borrowed from the gateway one at a time (`SlotLender`: claimed like a request's slot,
   so no request is pinned to one while it loads), chosen by the scheduler as a request's would be
   (minus the slots already primed, which now score best), given back as soon as each is loaded (the
   burst's next session may already be waiting for an idle slot: holding two for the whole priming
@@ -49,7 +49,7 @@ from llamafleet_router.discovery.base import PodStatus
 from llamafleet_router.scheduling.framework import Decision, SchedRequest
 from llamafleet_router.scheduling.lookup_view import snapshot_tags
 from llamafleet_router.snapshots.base import SnapshotMetrics
-from llamafleet_router.snapshots.detached import BorrowSlot, give_back
+from llamafleet_router.snapshots.detached import SlotLender
 from llamafleet_router.snapshots.restore import Restored, RestoreExecutor
 
 log = logging.getLogger(__name__)
@@ -154,18 +154,18 @@ class Primer:
 
     def start(
         self, req: SchedRequest, snap: SnapshotRef, pods: Sequence[PodStatus], agents: dict[str, str],
-        borrow: BorrowSlot, count: int, after: asyncio.Event | None = None,
+        lender: SlotLender, count: int, after: asyncio.Event | None = None,
     ) -> None:
         """Load `snap` (a prefix of `req`'s prompt) into up to `count` idle slots of the pod that saved it,
         once `after` is set (the request that built it answers) or `_PRIME_START_S` passed: each load is
         a copy in the pod's main loop, which would otherwise delay that request's first token."""
         here = next((p for p in pods if p.endpoint.uid == snap.pod_uid), None)
         if count > 0 and here is not None and here.ready and here.endpoint.agent_url:
-            self._tasks.spawn(self._prime(req, snap, here.endpoint.uid, agents, borrow, count, after),
+            self._tasks.spawn(self._prime(req, snap, here.endpoint.uid, agents, lender, count, after),
                               name="prime-slots")
 
     async def _prime(
-        self, req: SchedRequest, snap: SnapshotRef, uid: str, agents: dict[str, str], borrow: BorrowSlot,
+        self, req: SchedRequest, snap: SnapshotRef, uid: str, agents: dict[str, str], lender: SlotLender,
         count: int, after: asyncio.Event | None = None,
     ) -> None:
         if after is not None:
@@ -173,11 +173,11 @@ class Primer:
                 await asyncio.wait_for(after.wait(), _PRIME_START_S)
         done: frozenset[int] = frozenset()
         for _ in range(count):
-            borrowed = await borrow(req, pod_uid=uid, min_idle=PRIME_MIN_IDLE, avoid=done)
+            borrowed = await lender.lend(req, pod_uid=uid, min_idle=PRIME_MIN_IDLE, avoid=done)
             if borrowed is None:
                 self._metrics.primes.labels("no_slot").inc()
                 return
-            decision, release = borrowed
+            decision = borrowed.decision
             try:
                 loaded = await self._load(req, snap, decision, agents)
             except Exception:
@@ -185,7 +185,7 @@ class Primer:
                 self._metrics.primes.labels("failed").inc()
                 return
             finally:
-                await give_back(release)
+                borrowed.release()
             if not loaded:  # the agent refused it: another slot would fare no better
                 return
             done |= {decision.slot}

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 
 from llamafleet_router.metrics import RouterMetrics
-from llamafleet_router.request.after import Outcome
+from llamafleet_router.proxy.relay import Outcome
 
 
 @dataclass

@@ -1,0 +1,106 @@
+"""First sight: the first request of a long head that no snapshot in the fleet holds builds it once.
+
+The step runs when the request's head (tools and system prompt, before the first user message) is long
+enough, is strictly shorter than the prompt, and the slot does not already hold it; then, in order:
+- a head already found too long for this pod's slot context is not tried again
+  (`head_exceeds_context`: llama-server will answer 400);
+- a head the fleet has a snapshot of exactly needs nothing (the scheduler's lookup says so; a head seen
+  known in the last seconds is not looked up at all);
+- a head that shares a stage with a build in flight waits for that stage first (waits.py);
+- the first request of this replica leads the head's single flight and builds it (leader.py); the
+  others wait for its snapshot and restore it (waits.py), except while the leader builds detached: they
+  restored the same stage and go on at once.
+Flights are per model, tenant group and exact head: one group never waits for another group's build.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from llamafleet_core.index.base import PrefixIndex
+from llamafleet_core.types import Lookup
+from llamafleet_router.scheduling.framework import Decision
+from llamafleet_router.snapshots.base import SnapshotConfig
+from llamafleet_router.snapshots.detached import DetachedBuilds
+from llamafleet_router.snapshots.first_sight import Prompt
+from llamafleet_router.snapshots.heads import HeadMemory
+from llamafleet_router.snapshots.leader import Leader
+from llamafleet_router.snapshots.preparation import Preparation, head_prompt
+from llamafleet_router.snapshots.restore import Restored
+from llamafleet_router.snapshots.waits import BuildWaits, HeadBuilds
+
+log = logging.getLogger(__name__)
+
+
+def worth_first_sight(prompt: Prompt, decision: Decision, restored: Restored | None,
+                      config: SnapshotConfig) -> bool:
+    """Whether the head is worth a build for this request (pure)."""
+    if prompt.head_chars < config.first_sight_min_chars:
+        return False
+    # An exact resend of a snapshot gains nothing on a hybrid model (the last token is always
+    # evaluated again, and recurrent state cannot step back): the prompt must extend the head.
+    if prompt.head_chars >= len(prompt.text):
+        return False
+    # The slot already holds the head (a later turn): nothing to build.
+    return restored is not None or decision.predicted_blocks < prompt.head_chars // config.block_chars
+
+
+class FirstSightStep:
+    def __init__(
+        self, *, index: PrefixIndex, builds: HeadBuilds, waits: BuildWaits, leader: Leader,
+        detached: DetachedBuilds, heads: HeadMemory, config: SnapshotConfig,
+    ) -> None:
+        self._index = index
+        self._builds = builds
+        self._waits = waits
+        self._leader = leader
+        self._detached = detached
+        self._heads = heads
+        self._config = config
+
+    async def run(self, prep: Preparation) -> None:
+        prompt = head_prompt(prep.req)
+        if prompt is None or not worth_first_sight(prompt, prep.decision, prep.restored, self._config):
+            return
+        key = prompt.flight_key(prompt.head_chars)  # per tenant group: never another group's build
+        heads, model = self._heads, prep.req.model
+        if heads.exceeds(key, prep.slot_context):  # tokenized once already: not again for every request
+            prep.decision = heads.too_long(model, prep.decision)
+            return
+        restored = prep.restored
+        if restored is not None and (restored.snapshot.text_hash, restored.snapshot.n_chars) == (
+                key[2], prompt.head_chars):
+            return
+        if prep.failed is None and heads.is_known(key):
+            return
+        lookup = await self._lookup(prep, prompt)
+        if lookup is None:  # no index: no first sight (nothing could find the snapshot anyway)
+            return
+        exact = [s for s in lookup.snapshots if s.text_hash == key[2] and s.n_chars == prompt.head_chars]
+        if exact and (prep.failed is None or any(s != prep.failed for s in exact)):
+            heads.remember(key)
+            return
+        flights = self._builds.flights
+        if flights.running(key) is None:
+            # Nobody builds this head, but another request may build one that shares a stage with it
+            # (another workspace's head, started a moment earlier): wait for that stage and build only
+            # the rest, instead of computing the shared part a second time.
+            await self._waits.for_stage(prep, prompt)
+        leader, flight = flights.join(key)
+        if leader:
+            await self._leader.lead(prep, prompt, key, lookup)
+        elif not self._detached.running(key):  # detached: it restored the same stage, go on now
+            got = await self._waits.for_head(prep, flight, prompt, key)
+            if not got and heads.exceeds(key, prep.slot_context):  # the leader found it too long
+                prep.decision = heads.too_long(model, prep.decision)
+
+    async def _lookup(self, prep: Preparation, prompt: Prompt) -> Lookup | None:
+        """The scheduler's lookup of this prompt, or (a decision made without one: an injected
+        scheduler) the index's own; None when the index cannot answer."""
+        if prep.lookup is not None:
+            return prep.lookup
+        try:
+            return await self._index.lookup(prompt.model, prompt.blocks)
+        except Exception as exc:
+            log.info("index lookup for first sight failed", extra={"error": str(exc)})
+            return None
