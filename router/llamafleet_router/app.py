@@ -14,42 +14,36 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from typing import Any
+from collections.abc import AsyncIterator, Callable
 
 import httpx
 from prometheus_client import CollectorRegistry
 from starlette.applications import Starlette
-from starlette.datastructures import MutableHeaders
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.requests import Request
-from starlette.responses import Response
 from starlette.routing import Route
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from llamafleet_core.index.base import PrefixIndex, SlotLeases
 from llamafleet_core.types import PodRef
 from llamafleet_router.access.auth import ApiKeys
 from llamafleet_router.access.tenancy import Tenancy
+from llamafleet_router.api.asgi import GatewayApp, RequestIdMiddleware
 from llamafleet_router.api.fields import FieldPolicy
 from llamafleet_router.api.gateway import Gateway
 from llamafleet_router.api.info import InfoRoutes, Readiness, http_error, server_error
 from llamafleet_router.api.limited import limiter_from_settings
 from llamafleet_router.api.models import ModelRoutes
 from llamafleet_router.api.openapi import openapi_endpoint
-from llamafleet_router.api.parse import Route as ParseRoute
+from llamafleet_router.api.prompts import PromptRenderer
 from llamafleet_router.background import IndexHealth
 from llamafleet_router.discovery.base import Discovery, FenceHook
 from llamafleet_router.fleet.leases import ReplicaLeases
 from llamafleet_router.fleet.ownership import ModelOwners
-from llamafleet_router.logs import client_request_id_var, request_id_var
 from llamafleet_router.metrics import RouterMetrics
 from llamafleet_router.proxy.upstream import GatewayClient
 from llamafleet_router.request.after import SchedulerLike
 from llamafleet_router.request.assembly import Fixed, assemble
 from llamafleet_router.request.director import Upstream
-from llamafleet_router.request.prompts import PromptRenderer
 from llamafleet_router.settings import RouterSettings
 from llamafleet_router.snapshots import SnapshotConfig
 from llamafleet_router.snapshots.resync import keep_synced
@@ -60,91 +54,6 @@ log = logging.getLogger(__name__)
 DiscoveryFactory = Callable[[httpx.AsyncClient, FenceHook], Discovery]
 
 _SHUTDOWN_DRAIN_S = 10.0
-
-
-def client_request_id(scope: Scope) -> str | None:
-    """The client's `x-request-id` when sane (printable, at most 128 characters), else None."""
-    given = b""
-    for name, value in scope["headers"]:
-        if name == b"x-request-id":
-            given = value
-            break
-    rid = given.decode("latin-1").strip()
-    return rid if 0 < len(rid) <= 128 and rid.isprintable() else None
-
-
-@contextlib.contextmanager
-def request_ids(scope: Scope) -> Iterator[str]:
-    """Set this request's ids for the logs and the request path; yields the id to echo back.
-
-    The gateway's id is fresh for every request: a client's id is its own business (a retry or a session
-    may send one id many times), and a lease or a flight keyed by it would be another request's too."""
-    client = client_request_id(scope)
-    own = uuid.uuid4().hex
-    token, client_token = request_id_var.set(own), client_request_id_var.set(client)
-    try:
-        yield client or own
-    finally:
-        request_id_var.reset(token)
-        client_request_id_var.reset(client_token)
-
-
-class RequestIdMiddleware:
-    """The request's ids (`request_ids`) set for logs; the client's (or the gateway's) echoed on every
-    response."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        with request_ids(scope) as rid:
-
-            async def send_with_id(message: Message) -> None:
-                if message["type"] == "http.response.start":
-                    MutableHeaders(scope=message)["x-request-id"] = rid
-                await send(message)
-
-            await self.app(scope, receive, send_with_id)
-
-
-InferenceHandler = Callable[[Request, ParseRoute], Awaitable[Response]]
-
-
-class GatewayApp(Starlette):
-    """Starlette, with the inference routes (`api.parse.Route`, whose values are their paths) taken
-    before its middleware stack.
-
-    The stack (error middleware, request-id middleware, exception middleware, router, the endpoint
-    wrapper) wrapped every SSE chunk's `send` in three more coroutines and cost each request a twentieth
-    of the gateway's CPU. The inference routes need none of it: they answer their own errors (a method
-    other than POST gets the 405 Starlette's router gave), and the request id goes on the response
-    itself. Every other path, and the lifespan, go through Starlette as before."""
-
-    def __init__(self, *args: Any, handler: InferenceHandler, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._inference = {route.value: route for route in ParseRoute}
-        self._handler = handler
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        route = self._inference.get(scope["path"]) if scope["type"] == "http" else None
-        if route is None:
-            await super().__call__(scope, receive, send)
-            return
-        scope["app"] = self
-        with request_ids(scope) as rid:
-            request = Request(scope, receive)
-            try:
-                if scope["method"] == "POST":
-                    response = await self._handler(request, route)
-                else:
-                    response = await http_error(request, HTTPException(405, headers={"Allow": "POST"}))
-            except Exception as exc:  # what Starlette's error middleware did: a 500 in OpenAI's shape
-                response = await server_error(request, exc)
-            response.headers["x-request-id"] = rid
-            await response(scope, receive, send)
 
 
 def make_http_client(settings: RouterSettings) -> httpx.AsyncClient:

@@ -25,7 +25,7 @@ from llamafleet_router.snapshots.cuts import (
     snapshot_name,
     stage_points,
 )
-from llamafleet_router.snapshots.first_sight import Flights
+from llamafleet_router.snapshots.flights import Flights
 from llamafleet_router.snapshots.prime import PrimedSlots, same_text, slot_state
 from llamafleet_router.snapshots.resync import keep_synced
 

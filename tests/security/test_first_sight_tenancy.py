@@ -21,7 +21,7 @@ from llamafleet_core.prefix import ChatTemplate, chat_identity, prefix_key_bytes
 from llamafleet_router.access.tenancy import Tenancy
 from llamafleet_router.settings import RouterSettings
 from llamafleet_router.snapshots import SnapshotConfig
-from llamafleet_router.snapshots.first_sight import Flights, Prompt, StageFlights
+from llamafleet_router.snapshots.flights import Flights, Prompt, StageFlights
 from tests.security.first_sight_pods import PROPS, first_sight_pods
 from tests.security.tenant_bed import gateway
 

@@ -23,6 +23,7 @@ from llamafleet_router.api.error_shapes import error_event_for, error_response
 from llamafleet_router.api.fields import FieldPolicy
 from llamafleet_router.api.limited import admit
 from llamafleet_router.api.parse import DIRECT_ROUTES, Route, parse_request, read_body
+from llamafleet_router.api.prompts import PromptRenderer
 from llamafleet_router.background import IndexHealth, TaskSet
 from llamafleet_router.discovery.base import Discovery
 from llamafleet_router.errors import ApiError, ClientGone
@@ -33,7 +34,6 @@ from llamafleet_router.logs import request_id_var
 from llamafleet_router.metrics import RouterMetrics
 from llamafleet_router.request.clock import RequestClock
 from llamafleet_router.request.director import Director, Outgoing
-from llamafleet_router.request.prompts import PromptRenderer
 from llamafleet_router.scheduling.framework import SchedRequest
 from llamafleet_router.snapshots import SnapshotConfig, SnapshotFlow, SnapshotMetrics
 

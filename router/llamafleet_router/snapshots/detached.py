@@ -33,13 +33,8 @@ from llamafleet_router.background import TaskSet
 from llamafleet_router.scheduling.framework import Decision, SchedRequest
 from llamafleet_router.scheduling.lookup_view import snapshot_tags
 from llamafleet_router.snapshots.base import SnapshotConfig, SnapshotMetrics
-from llamafleet_router.snapshots.first_sight import (
-    FlightKey,
-    Prompt,
-    StagedPrefill,
-    StageFlights,
-    StageKeys,
-)
+from llamafleet_router.snapshots.first_sight import StagedPrefill
+from llamafleet_router.snapshots.flights import FlightKey, Prompt, StageFlights, StageKeys
 from llamafleet_router.snapshots.restore import Restored, RestoreExecutor
 
 log = logging.getLogger(__name__)

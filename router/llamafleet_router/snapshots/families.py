@@ -15,7 +15,7 @@ from llamafleet_core.types import DivergencePoint, HeadFamily, HeadRecord, Looku
 from llamafleet_router.background import TaskSet
 from llamafleet_router.snapshots.base import SnapshotConfig
 from llamafleet_router.snapshots.divergence import family_of, learned_cuts
-from llamafleet_router.snapshots.first_sight import Prompt
+from llamafleet_router.snapshots.flights import Prompt
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from llamafleet_core.types import Lookup
 from llamafleet_router.scheduling.framework import Decision
 from llamafleet_router.snapshots.base import SnapshotConfig
 from llamafleet_router.snapshots.detached import DetachedBuilds
-from llamafleet_router.snapshots.first_sight import Prompt
+from llamafleet_router.snapshots.flights import Prompt
 from llamafleet_router.snapshots.heads import HeadMemory
 from llamafleet_router.snapshots.leader import Leader
 from llamafleet_router.snapshots.preparation import Preparation, head_prompt

@@ -29,8 +29,9 @@ from llamafleet_router.scheduling.speeds import SpeedBook
 from llamafleet_router.snapshots.base import SnapshotConfig, SnapshotMetrics
 from llamafleet_router.snapshots.detached import DetachedBuilds, SlotLender
 from llamafleet_router.snapshots.families import HeadFamilies
-from llamafleet_router.snapshots.first_sight import Flights, StagedPrefill, StageFlights
+from llamafleet_router.snapshots.first_sight import StagedPrefill
 from llamafleet_router.snapshots.first_sight_step import FirstSightStep
+from llamafleet_router.snapshots.flights import Flights, StageFlights
 from llamafleet_router.snapshots.heads import HeadMemory
 from llamafleet_router.snapshots.leader import Leader
 from llamafleet_router.snapshots.peers import peer_agents

@@ -9,7 +9,8 @@ from dataclasses import replace
 
 from llamafleet_router.scheduling.framework import Branch, Decision
 from llamafleet_router.snapshots.base import SnapshotMetrics
-from llamafleet_router.snapshots.first_sight import FlightKey, HeadTooLong
+from llamafleet_router.snapshots.first_sight import HeadTooLong
+from llamafleet_router.snapshots.flights import FlightKey
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,8 @@ from llamafleet_router.snapshots.base import SnapshotConfig, SnapshotMetrics
 from llamafleet_router.snapshots.cuts import held_stage
 from llamafleet_router.snapshots.detached import DETACH_MAX_TAIL_CHARS, DetachedBuilds, SlotLender
 from llamafleet_router.snapshots.families import HeadFamilies
-from llamafleet_router.snapshots.first_sight import FlightKey, HeadTooLong, Prompt, StagedPrefill
+from llamafleet_router.snapshots.first_sight import HeadTooLong, StagedPrefill
+from llamafleet_router.snapshots.flights import FlightKey, Prompt
 from llamafleet_router.snapshots.heads import HeadMemory
 from llamafleet_router.snapshots.preparation import Preparation
 from llamafleet_router.snapshots.prime import PrimedSlots

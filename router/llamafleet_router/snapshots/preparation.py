@@ -16,7 +16,7 @@ from llamafleet_core.prefix.identity import PromptIdentity
 from llamafleet_core.types import UNKEYED, Endpoint, Lookup, SnapshotRef, TextHasher
 from llamafleet_router.discovery.base import PodStatus
 from llamafleet_router.scheduling.framework import Decision, SchedRequest
-from llamafleet_router.snapshots.first_sight import Prompt
+from llamafleet_router.snapshots.flights import Prompt
 from llamafleet_router.snapshots.prime import Primed
 from llamafleet_router.snapshots.restore import Restored
 

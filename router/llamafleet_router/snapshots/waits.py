@@ -22,7 +22,7 @@ from llamafleet_router.scheduling.decide import ActionCosts
 from llamafleet_router.scheduling.framework import Branch
 from llamafleet_router.scheduling.speeds import SpeedBook
 from llamafleet_router.snapshots.base import SnapshotConfig, SnapshotMetrics
-from llamafleet_router.snapshots.first_sight import FlightKey, Flights, Prompt, StageFlights, StageKeys
+from llamafleet_router.snapshots.flights import FlightKey, Flights, Prompt, StageFlights, StageKeys
 from llamafleet_router.snapshots.preparation import Preparation
 from llamafleet_router.snapshots.restore import Restored, RestoreExecutor
 
