@@ -67,10 +67,10 @@ def file_version(path: Path) -> Version:
 class Digests:
     """sha256 of the snapshot files, hashed once per version of each file (`file_version`).
 
-    A restore checks the file against its manifest every time, and reading it again was most of the
-    agent's share of a restore (~2 ms a MB here: 19 ms for a 32K-token dense snapshot, on the request
-    path). A file changed in any way since it was hashed is hashed again, so a corrupted or truncated
-    file is still refused. Bounded: the oldest entry goes first."""
+    A restore checks the file against its manifest every time, and reading it again would be most of
+    the agent's share of a restore, on the request path (docs/design.md, "Invariants"). A file changed
+    in any way since it was hashed is hashed again, so a corrupted or truncated file is still refused.
+    Bounded: the oldest entry goes first."""
 
     def __init__(self, limit: int = 4096) -> None:
         self._limit = limit

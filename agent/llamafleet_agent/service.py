@@ -5,12 +5,12 @@ The checks are ordered so that nothing unverified ever reaches a slot or a real 
   is signed (`store.py`);
 - pull (`pull.py`) accepts only a signed manifest from a peer inside `peer_networks`, charges the budget
   with the bytes received, and renames only a file whose size, sha256 and token hash verified;
-- restore re-hashes the whole file every time. Measured: a 4 MB file hashes in about 10 ms and restores in
-  about 5 ms, against seconds for the prefill it replaces. A cache keyed by (size, mtime) would save those
-  10 ms but miss a byte flipped within one mtime tick (file timestamps are coarse) or by bit rot, and a
-  snapshot that restores garbage is reused silently by the server: correctness wins. After the restore,
-  the server's own count of the tokens it restored and of the bytes it read must equal the manifest's:
-  a file swapped between the agent's check and the server's open is erased from the slot and deleted.
+- restore checks the file's sha256 against its manifest every time, hashing the file again whenever
+  it changed in any way since it was hashed (`files.Digests`: inode, size, mtime and ctime, which user
+  space cannot set back), since a snapshot that restores garbage is reused silently by the server
+  (docs/design.md, "Measurements behind the rules", for what hashing costs). After the restore, the
+  server's own count of the tokens it restored and of the bytes it read must equal the manifest's: a
+  file swapped between the agent's check and the server's open is erased from the slot and deleted.
 """
 
 from __future__ import annotations

@@ -7,16 +7,15 @@ free)` line per non-CPU device, or `  (none)`. It needs no model and exits at on
 Why the router cares: on the CPU backend, llama.cpp's flash-attention kernel is tiled only for a batch of
 at least `GGML_FA_TILE_Q` = 64 new tokens; a smaller batch runs the per-row kernel, which reads the
 whole KV cache once per new token. At long context this cliff is most of a restored session's time to
-first token (tiny dense model, 14K tokens of context: 16 new tokens 190 ms, 63 tokens 700 ms, 64 tokens
-63 ms). The router applies it per batch of the tail, cut where llama-server cuts it (on a hybrid pod a
-chat request's question is a batch of its own; `scheduling/decide.py`, `server_cuts`).
+first token (docs/design.md, "On CPU pods with flash attention on", for the figures). The router
+applies it per batch of the tail, cut where llama-server cuts it (on a hybrid pod a chat request's
+question is a batch of its own; `scheduling/decide.py`, `server_cuts`).
 
 Without flash attention there is no cliff: the attention is two matrix products that read the cache
-once per batch. Same model and context, `--flash-attn off`: 16 new tokens 22 ms, 63 tokens 60 ms, a
-whole 14K-token prefill 1.6x slower (7.5 s against 4.6 s; 32K tokens: 40 s). The tiny hybrid: 16
-tokens 17 ms against 112 ms. A fleet computes a prefix once and then restores it, so on CPU pods
-everything it computes per request is such a small batch: CPU fleets run flash attention off
-(`examples/local-fleet.yaml`) and the rule is off for them too. With a GPU device the prompt runs
+once per batch; a whole prefill runs slower without it (docs/design.md, "CPU pods run flash attention
+off"). A fleet computes a prefix once and then restores it, so on CPU pods everything it computes per
+request is such a small batch: CPU fleets run flash attention off (`examples/local-fleet.yaml`) and the
+rule is off for them too. With a GPU device the prompt runs
 there, where no such cliff was measured, so the rule is off.
 """
 

@@ -124,9 +124,9 @@ async def freeze_heap_when_started(server: uvicorn.Server, limit_s: float = 120.
     """Once the server listens, move everything alive (modules, the app, its clients and caches) out of
     the garbage collector's sight with `gc.freeze()`.
 
-    A full (generation 2) collection walks every tracked object; with the ~70K objects of a started
-    gateway that paused the event loop for ~50 ms, twice in 7 s of 64-stream load, which was the
-    gateway's whole p99 (bench/README.md). Frozen objects are never collected, which is right for what
+    A full (generation 2) collection walks every tracked object, and on a started gateway its pauses
+    of the event loop were the gateway's whole p99 under load (docs/design.md, "Measurements behind the
+    rules"). Frozen objects are never collected, which is right for what
     lives as long as the process; what requests allocate later is collected as usual. The gen-0
     threshold is raised so that fewer short-lived request objects are promoted to older generations
     (each promotion makes the next full collection longer)."""

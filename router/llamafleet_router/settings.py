@@ -204,9 +204,9 @@ class RouterSettings(BaseSettings):
     #: The most seconds a request waits for a concurrent request's first-sight build of the same head
     #: before it computes the head itself. Within it, the wait follows the build's expected time: the
     #: head's tokens over the building pod's learned prefill rate (an unknown pod: a slow CPU figure,
-    #: `snapshots/flow.py` UNKNOWN_POD_PREFILL_TOKENS_PER_S), times 2 plus 5 s, and at least
-    #: `first_sight_wait_min_s`; counted from the build's start. (Until issue 23 a fixed 120 s; the
-    #: default is now the build's own prefill timeout, past which the leader gives up too.)
+    #: `snapshots/waits.py` UNKNOWN_POD_PREFILL_TOKENS_PER_S), times 2 plus 5 s, and at least
+    #: `first_sight_wait_min_s`; counted from the build's start. The default is the build's own
+    #: prefill timeout, past which the leader gives up too.
     first_sight_wait_s: float = Field(default=900.0, ge=0)
     #: The least seconds such a wait lasts, however fast the build is expected to be (a pod busy with
     #: other slots' batches prefills slower than it has learned).

@@ -1,10 +1,9 @@
 """A lean Redis client for the prefix index: one pipelined connection, replies parsed by hiredis.
 
 Why not redis-py here: the index sits on every request's decision path, and the index only ever runs
-Lua scripts and a few plain commands. Measured on `bench_decision`'s index (2 cores, loopback Redis),
-one lookup script took 0.67 ms at p50 through redis-py's asyncio client against 0.28 ms here, and a
-slot lease 0.16 ms against 0.06 ms. Redis itself spends ~0.19 ms and ~3 us on them; the rest was
-redis-py's Python per command (pool checkout, command packing, response callbacks). Everything that is
+Lua scripts and a few plain commands. Through redis-py most of a lookup's or a lease's time is its
+Python per command (pool checkout, command packing, response callbacks), not Redis's (docs/design.md,
+"Index client", for the figures). Everything that is
 not on the request path (membership, the operator's writes) stays on redis-py.
 
 How it behaves:

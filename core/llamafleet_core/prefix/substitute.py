@@ -1,10 +1,10 @@
 """The full prompt without rendering it: the cached render of its shape with the question put in.
 
-An agent's requests share everything but the text of their last user message, and every one of them
-used to render the whole template again (0.15 ms for a short chat, 0.3 ms for an agent prompt, on the
-request path). Instead, the request is rendered once per *shape* (every message, the tools and the
-options, with the last user message's text replaced by a sentinel) through the render cache, and the
-question's text is put where the sentinel came out.
+An agent's requests share everything but the text of their last user message, and rendering the whole
+template again for every one of them is a fraction of a millisecond on the request path (docs/design.md,
+"The full prompt is the cached render of its shape"). Instead, the request is rendered once per
+*shape* (every message, the tools and the options, with the last user message's text replaced by a
+sentinel) through the render cache, and the question's text is put where the sentinel came out.
 
 That is exact only where the template copies the text verbatim and its branches do not look at it.
 Both are checked, never assumed:

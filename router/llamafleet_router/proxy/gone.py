@@ -1,8 +1,8 @@
 """`GoneSignal`: discovery's word that a pod hung or went away, to the requests waiting on it.
 
 A request waiting for a pod's first byte, or relaying its stream, must stop at once when discovery marks
-the pod down. It used to race its work against `asyncio.Event.wait()`, which cost every request two
-tasks and an `asyncio.wait` (and every stream one more task) for an event that almost never fires.
+the pod down. Racing its work against `asyncio.Event.wait()` would cost every request two tasks and
+an `asyncio.wait` (and every stream one more task) for an event that almost never fires.
 Here a waiter registers a callback instead; `set()` calls each one, which cancels the waiting task, and
 the waiter tells that cancel from any other by its own flag.
 """

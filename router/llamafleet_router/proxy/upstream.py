@@ -1,10 +1,9 @@
 """The app's HTTP client: httpx for everything, plus an aiohttp session for the proxied requests.
 
-The proxy's upstream leg is the gateway's hottest path. With httpx, the pool cost O(connections) per
+The proxy's upstream leg is the gateway's hottest path. With httpx, the pool costs O(connections) per
 request (httpcore walks every pooled connection, polling each socket, on every request and response
-close), and at 64 concurrent streams that was about a third of the gateway's CPU. aiohttp's pool is a
-per-host deque and its HTTP parser is in C; measured on the router-overhead benchmark it cut the
-gateway's CPU per request by more than half (see bench/README.md).
+close), a large share of the gateway's CPU at many concurrent streams. aiohttp's pool is a per-host
+deque and its HTTP parser is in C (docs/design.md, "Measurements behind the rules").
 
 `GatewayClient` IS an `httpx.AsyncClient` (discovery's polls, the agent client and embedding code keep
 using httpx, and tests can still inject a plain httpx client with a MockTransport, which the proxy then

@@ -43,7 +43,8 @@ _DETACHED_START_S = 5.0  # a detached build waits at most this long for its requ
 # A detached build computes the tail after the stage again, beside the request that computes it too:
 # worth it for a date line (tens of tokens) and for a workspace's block (a real client's working folder
 # sits ~1.3K characters before its head's end: built in place, the tokenize, the tail's prefill and its
-# saves held that request 1.6-1.9x as long as a plain server took); a longer tail is built once, in place.
+# saves held that request longer than a plain server took; docs/design.md, "A later day's session
+# prefix is built beside the request"); a longer tail is built once, in place.
 DETACH_MAX_TAIL_CHARS = 4096
 
 class LentSlot(Protocol):

@@ -144,7 +144,7 @@ class StagedPrefill:
         points = prompt_stages(prompt, self._config)
         # A head with nothing of it in the slot: its first stage is prefilled from its text while the
         # whole head is tokenized beside it (`/tokenize` runs in the server's HTTP threads, the prefill
-        # in its main loop), so the tokenize (~0.1 s at 14K tokens here) no longer comes first. The
+        # in its main loop), so the tokenize (~0.1 s at 14K tokens on the test pods) does not come first. The
         # server's own count for that text is checked against the head's tokens before the stage is
         # saved; a mismatch only costs that stage (the next prefill reuses what matches).
         ahead = _first_cut(points, extra_cuts, self._config.block_chars, prompt.head_chars)

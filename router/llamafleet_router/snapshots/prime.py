@@ -1,17 +1,16 @@
 """Priming: a session prefix built for the first time is loaded into idle slots of its pod at once.
 
 An agent's sessions come in bursts: the 2nd and 3rd sessions of a never-seen prefix arrive while the
-first still generates. Each of them restored the new snapshot on its request path, in the pod's main
-loop beside the generating session (~30 ms on the tiny hybrid model, more for a larger prefix). Right
-after the first-sight build saved it, `Primer.start` restores it, in the background, into up to
-`count` idle slots of the pod that saved it; the next sessions then find it in a slot.
+first still generates. Each of them would restore the new snapshot on its request path, in the pod's
+main loop beside the generating session. Right after the first-sight build saved it, `Primer.start`
+restores it, in the background, into up to `count` idle slots of the pod that saved it; the next
+sessions then find it in a slot.
 
 Rules, and why:
-- Only the pod that saved the snapshot: priming the other pods too (a pull, then a restore) was
-  measured first. It made session 2 of a burst faster (0.15 s against 0.20 s, hybrid), but it drew
-  the burst onto two pods, and on pods that share a machine's cores (two cores, one thread per pod)
-  the 3rd session then waited longer behind two busy main loops (dense: median 0.25 s against 0.22 s,
-  tail 0.44 s). Another pod gets the snapshot when one of its sessions wants it (ship.py).
+- Only the pod that saved the snapshot: priming the other pods too (a pull, then a restore) draws
+  the burst onto two pods, and on pods that share a machine's cores the 3rd session then waits behind
+  two busy main loops (docs/design.md, "A session prefix built on first sight is primed"). Another pod
+  gets the snapshot when one of its sessions wants it (ship.py).
 - The slots are borrowed from the gateway one at a time (`SlotLender`: claimed like a request's slot,
   so no request is pinned to one while it loads), chosen by the scheduler as a request's would be
   (minus the slots already primed, which now score best), given back as soon as each is loaded (the

@@ -7,9 +7,10 @@ pod (same fingerprint) and whose name carries their exact identity (`cuts.ref_fr
 first session of a later day restores instead of computing.
 
 The gateway lists a pod as soon as discovery reports it at a new epoch (`keep_synced`, every
-`resync_interval_s`), so a later day's first session does not pay for it (the listing and ~30 records
-took ~40 ms). A request that sees the pod before that waits for the listing (bounded by
-`resync_timeout_s`; one listing per pod and epoch, shared), so that very request can restore already.
+`resync_interval_s`), so a later day's first session does not pay for the listing and its records
+(docs/design.md, "Measurements behind the rules"). A request that sees the pod before that waits for
+the listing (bounded by `resync_timeout_s`; one listing per pod and epoch, shared), so that very
+request can restore already.
 """
 
 from __future__ import annotations
@@ -113,7 +114,7 @@ async def keep_synced(
     interval_s: float,
 ) -> None:
     """Run `Resync.ensure` over discovery's pods every `interval_s`, until cancelled; never raises.
-    `resync` gives the flow's Resync once the flow exists (it is built at first use)."""
+    `resync` gives the flow's Resync once the flow exists (the lifespan builds it with the director)."""
     while True:
         current = resync()
         if current is not None:

@@ -1,20 +1,19 @@
 """Copy a snapshot to a pod whose sessions want it, in the background.
 
 First sight saves a shared head (tools and system prompt, `fs-`) and its stages (`st-`, `dv-`) on the
-pod whose slot built them. A later session of that head on another pod chose between pulling the
-snapshot from the peer on its request path (a round trip between agents, the file, its checksum:
-~70 ms for a 2.5K-token head here) and restoring a local stage and computing the rest of the head
-again (30-40 tokens: cheaper in time). Computing won on time, so every such session computed the
-workspace and date lines of its head once more: on the hybrid's 50-session mixed workload, 27 of 78
-requests, ~40 tokens each, a fifth of all the tokens computed.
+pod whose slot built them. A later session of that head on another pod chooses between pulling the
+snapshot from the peer on its request path (a round trip between agents, the file, its checksum) and
+restoring a local stage and computing the rest of the head again (tens of tokens: usually cheaper in
+time). Computing wins on time, so every such session would compute the workspace and date lines of its
+head once more (docs/design.md, "A snapshot a pod's session wanted is copied there", for the figures).
 
 So when the action choice sees a snapshot on another pod that would have given its pod more than
 what it uses (`decide.wanted_here`), the flow has that pod's agent pull it now, off the request path,
 one copy at a time per gateway, and records the copy in the index: the next session of that prefix on
 that pod restores it locally in milliseconds. Copies are made on demand, not of every snapshot to
 every pod: a pod's disk holds what its own sessions use, and a burst of sessions arriving with a new
-prefix stays on the pod that just built it (copying it at once to the idle pod drew session 2 of the
-bench's three there, and on a two-core machine the 3rd session then waited ~0.1 s longer). The agents
+prefix stays on the pod that just built it (a copy at once to the idle pod draws the burst's next
+session there, and pods that share a machine's cores then slow each other's sessions). The agents
 verify each copy (checksum; fingerprint at restore); a failed copy is counted and left to the request
 path, which can still pull it.
 """

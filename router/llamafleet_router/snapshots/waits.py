@@ -32,7 +32,8 @@ WAIT_FACTOR = 2.0
 WAIT_MARGIN_S = 5.0
 # The prefill rate assumed for a pod with no learned full-batch rate, for waits only: deliberately a
 # slow CPU figure. Too slow only makes a waiter wait longer for a build that wakes it when it ends;
-# too fast made waiters give up on a real model's long head and compute it again (docs/design.md).
+# too fast made waiters give up on a real model's long head and compute it again (docs/design.md,
+# "Measurements behind the rules").
 UNKNOWN_POD_PREFILL_TOKENS_PER_S = 200.0
 
 Flight = asyncio.Future[SnapshotRef | None]
