@@ -9,7 +9,7 @@ at least `GGML_FA_TILE_Q` = 64 new tokens; a smaller batch runs the per-row kern
 whole KV cache once per new token. At long context this cliff is most of a restored session's time to
 first token (docs/design.md, "On CPU pods with flash attention on", for the figures). The router
 applies it per batch of the tail, cut where llama-server cuts it (on a hybrid pod a chat request's
-question is a batch of its own; `scheduling/decide.py`, `server_cuts`).
+question is a batch of its own; `scheduling/costs.py`, `server_cuts`).
 
 Without flash attention there is no cliff: the attention is two matrix products that read the cache
 once per batch; a whole prefill runs slower without it (docs/design.md, "CPU pods run flash attention

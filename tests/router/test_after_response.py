@@ -16,7 +16,7 @@ from llamafleet_router.proxy.sse import Stats
 from llamafleet_router.request.after import AfterResponse
 from llamafleet_router.request.claim import Claims
 from llamafleet_router.scheduling.framework import Decision, SchedRequest
-from tests.router.scheduling.fakes import MODEL, FakePrompt, chain, endpoint, slot
+from tests.router.scheduling.fakes import MODEL, chain, endpoint, prompt, slot
 
 
 @dataclass
@@ -35,8 +35,9 @@ def _tags(tag: str) -> PromptTags:
 
 
 def _request(rid: str, tag: str) -> SchedRequest:
-    prompt = FakePrompt(MODEL, chain(tag, 6), shared_chars=4 * 256, tags=_tags(tag))
-    return SchedRequest(rid, MODEL, prompt, None)
+    identity = prompt(MODEL, chain(tag, 6), shared_chars=4 * 256, head_tag=f"head-{tag}",
+                      conversation_tag=f"conv-{tag}")
+    return SchedRequest(rid, MODEL, identity, None)
 
 
 async def test_a_late_finish_does_not_overwrite_the_record_of_the_request_that_took_the_slot_since() -> None:

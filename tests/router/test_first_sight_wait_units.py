@@ -16,7 +16,7 @@ from llamafleet_core.index import InMemoryPrefixIndex
 from llamafleet_core.types import Action, Endpoint
 from llamafleet_router.background import TaskSet
 from llamafleet_router.discovery.base import PodStatus
-from llamafleet_router.scheduling.decide import ActionCosts
+from llamafleet_router.scheduling.costs import ActionCosts
 from llamafleet_router.scheduling.framework import Decision, SchedRequest
 from llamafleet_router.scheduling.speeds import SpeedBook
 from llamafleet_router.snapshots import SnapshotConfig, SnapshotFlow, SnapshotMetrics

@@ -13,11 +13,11 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from llamafleet_core.index import InMemoryPrefixIndex
-from llamafleet_core.types import Action, Endpoint
+from llamafleet_core.types import Action, Endpoint, Lookup
 from llamafleet_router.background import TaskSet
 from llamafleet_router.discovery.base import PodProps, PodStatus
 from llamafleet_router.metrics import RouterMetrics
-from llamafleet_router.scheduling.framework import Decision, SchedRequest
+from llamafleet_router.scheduling.framework import Branch, Decision, SchedRequest
 from llamafleet_router.snapshots import SnapshotConfig, SnapshotFlow, SnapshotMetrics
 from llamafleet_router.snapshots.first_sight import likely_fits
 from tests.router.test_snapshot_units import PROMPT_TEXT, SYSTEM, identity, pod, snap
@@ -62,7 +62,8 @@ def too_long_count(flow: SnapshotFlow) -> float:
 
 
 def cold(target: Endpoint, slot: int = 1) -> Decision:
-    return Decision(target, slot, Action.COMPUTE, None, 0, "cold")
+    """A cold decision, made on an index lookup that knew nothing of the prompt."""
+    return Decision(target, slot, Action.COMPUTE, None, 0, Branch.COLD, lookup=Lookup())
 
 
 async def test_a_head_longer_than_the_slot_context_is_tokenized_once_and_never_prefilled(

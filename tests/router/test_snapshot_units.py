@@ -13,7 +13,8 @@ from llamafleet_core.prefix import PromptIdentity
 from llamafleet_core.prefix.hashing import block_chain
 from llamafleet_core.snapshot import Fingerprint, SnapshotManifest
 from llamafleet_core.types import Action, Endpoint, Lookup, PodRef, SlotRef, SnapshotRef, exact_text_hash
-from llamafleet_router.scheduling.decide import ActionCosts, choose_action
+from llamafleet_router.scheduling.action import choose_action
+from llamafleet_router.scheduling.costs import ActionCosts
 from llamafleet_router.settings import RouterSettings
 from llamafleet_router.snapshots import SnapshotConfig
 from llamafleet_router.snapshots.cuts import (

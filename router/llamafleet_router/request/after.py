@@ -15,12 +15,13 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from llamafleet_core.index.base import IndexUnavailable, PrefixIndex
-from llamafleet_core.types import PromptTags, SlotRef
+from llamafleet_core.prefix.identity import PromptIdentity
+from llamafleet_core.types import SlotRef
 from llamafleet_router.background import IndexHealth
 from llamafleet_router.metrics import RouterMetrics
 from llamafleet_router.proxy.relay import Outcome
 from llamafleet_router.proxy.sse import Stats
-from llamafleet_router.scheduling.framework import ANY_SLOT, Decision, EndpointState, PromptLike, SchedRequest
+from llamafleet_router.scheduling.framework import ANY_SLOT, Decision, EndpointState, SchedRequest
 from llamafleet_router.scheduling.speeds import SpeedBook
 
 log = logging.getLogger(__name__)
@@ -33,14 +34,6 @@ class SchedulerLike(Protocol):
     async def schedule(self, req: SchedRequest, endpoints: Sequence[EndpointState]) -> Decision: ...
 
     async def release(self, decision: Decision) -> None: ...
-
-
-def _tags(prompt: PromptLike) -> PromptTags | None:
-    """The prompt's head and conversation tags (`PromptIdentity.tags`), recorded with the slot so that a
-    lookup can tell which slots hold this head, and this conversation, exactly (`Lookup.exact_head`,
-    `Lookup.conversation`)."""
-    tags = getattr(prompt, "tags", None)
-    return tags if isinstance(tags, PromptTags) else None
 
 
 def judge(predicted_blocks: int, cache_n: int, block_tokens: float) -> str:
@@ -105,7 +98,7 @@ class AfterResponse:
         self._latest[ref] = req.request_id  # before any await: `finished` of the slot's previous request
         estimate = int(len(req.prompt.blocks) * self._block_chars / self._chars_per_token)
         try:
-            await self._index.record_slot(req.model, ref, req.prompt.blocks, estimate, _tags(req.prompt))
+            await self._index.record_slot(req.model, ref, req.prompt.blocks, estimate, req.prompt.tags)
         except IndexUnavailable as exc:
             self._index_failed("record_dispatched", exc)
         except Exception:
@@ -121,7 +114,7 @@ class AfterResponse:
             await self._verify_and_record(req, decision, slot, outcome.stats)
             self._learn(req.prompt, decision, outcome.stats)
 
-    def _learn(self, prompt: PromptLike, decision: Decision, stats: Stats) -> None:
+    def _learn(self, prompt: PromptIdentity, decision: Decision, stats: Stats) -> None:
         """Teach the cost model how fast this pod computed the prompt (scheduling/speeds.py)."""
         if self._speeds is None or stats.prompt_ms is None or not stats.prompt_n:
             return
@@ -154,7 +147,7 @@ class AfterResponse:
                          extra={"pod": decision.endpoint.url, "slot": slot,
                                 "predicted_blocks": decision.predicted_blocks, "cache_n": cache_n})
                 await self._index.forget_slot(model, ref)
-            await self._index.record_slot(model, ref, prompt.blocks, stats.n_tokens, _tags(prompt))
+            await self._index.record_slot(model, ref, prompt.blocks, stats.n_tokens, prompt.tags)
         except IndexUnavailable as exc:
             self._index_failed("record_slot", exc)
         except Exception:

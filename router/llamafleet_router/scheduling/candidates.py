@@ -1,7 +1,7 @@
 """Which slots the scheduler scores: pure functions of the lookup, the nominations and the fleet.
 
-Scoring every idle slot of every pod made the decision O(pods x slots x scorers): 32 pods of 32 slots
-with 10 scorers cost ~17 ms. But the slots of one pod that the index says the same thing about are
+Scoring every idle slot of every pod would make the decision O(pods x slots x scorers) (docs/design.md,
+"Measurements behind the rules"). But the slots of one pod that the index says the same thing about are
 interchangeable to every scorer that reads the index: the index knows nothing else about them. So per
 pod the candidates are:
 
@@ -16,9 +16,8 @@ pod the candidates are:
 
 The representative of a group is the slot this router released longest ago (`EndpointState.
 slot_last_used`; never used first, then the lowest slot id): overwriting a slot loses what it held beyond
-this prompt, and the slot used longest ago is the least likely to be continued. With the lowest id
-instead, sessions of one agent took each other's slots between two turns: on the 50-session mixed
-workload the next turn then computed its whole conversation again. When the representative's lease is
+this prompt, and the slot used longest ago is the least likely to be continued (with the lowest id
+instead, sessions of one agent take each other's slots between two turns). When the representative's lease is
 taken by another router replica, the scheduler tries the group's other slots in the same order
 (`with_spares`), as scoring every slot would have.
 """

@@ -11,7 +11,7 @@
         - {ref: healthy}
         - {ref: prefix, weight: 10}
         - {ref: max-score}
-    decision: {restore_enabled: true, prefill_tokens_per_s: 2000}   # decide.ActionCosts
+    decision: {restore_enabled: true, prefill_tokens_per_s: 2000}   # costs.ActionCosts
     leases: {ttl_s: 300, max_attempts: 8}
 
 A plugin's `name` defaults to its `type`. Producers and filters run in profile order. Validation happens
@@ -30,7 +30,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
 
-from llamafleet_router.scheduling.decide import ActionCosts
+from llamafleet_router.scheduling.costs import ActionCosts
 from llamafleet_router.scheduling.registry import Registry, register_builtin_plugins
 
 __all__ = ["PipelineConfig", "ValidationError", "default_config", "load_config", "load_config_file"]

@@ -21,11 +21,12 @@ can pass tiny fakes, and this module stays importable whatever the concrete clas
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Generic, Protocol, TypeVar
 
+from llamafleet_core.prefix.identity import PromptIdentity
 from llamafleet_core.types import Action, Endpoint, Lookup, PromptTags, SlotRef, SnapshotRef
 
 T = TypeVar("T")
@@ -36,22 +37,6 @@ ANY_SLOT = -1
 
 
 # ---- collaborators (structural) --------------------------------------------------------------------
-
-
-class PromptLike(Protocol):
-    """What the scheduler needs of `llamafleet_core.prefix.identity.PromptIdentity`."""
-
-    @property
-    def model(self) -> str: ...
-
-    @property
-    def blocks(self) -> tuple[str, ...]: ...  # chained block hashes: block i's hash covers blocks 0..i
-
-    @property
-    def session_blocks(self) -> Sequence[str]: ...  # the blocks of the session prefix (tools + system)
-
-    @property
-    def block_chars(self) -> int: ...
 
 
 class PrefixIndexLike(Protocol):
@@ -74,9 +59,11 @@ class Branch(StrEnum):
     second half of the `x-llamafleet-action` header (docs/design.md, "Glossary"). A `StrEnum`, so a
     metric label or a header is its value as is."""
 
-    # the scheduler's (scheduler.py, decide.py)
+    # the scheduler's (action.py, placement.py)
     SLOT_HIT = "slot_hit"  # the picked slot holds the prompt's longest known part
-    POD_HIT = "pod_hit"  # another slot of the pod holds more, none idle: forwarded, the pod reuses less
+    # forwarded to a slot holding less than the pod's best, on a --slot-attach pod (it shares its
+    # cached prefix with every slot)
+    POD_HIT = "pod_hit"
     RESTORE = "restore"  # a snapshot is restored into the slot first
     COLD = "cold"  # nothing known holds any of it: computed
     SESSION_AFFINITY = "session_affinity"  # the session's last slot, nothing better known
@@ -109,7 +96,7 @@ class SchedRequest:
 
     request_id: str
     model: str
-    prompt: PromptLike
+    prompt: PromptIdentity
     session_id: str | None = None
 
 
@@ -233,7 +220,7 @@ class Decision:
     branch: Branch
     lease_holder: str | None = None
     # A snapshot on another pod that would have given this pod more than what it uses now, had it been
-    # here (`decide.wanted_here`): the snapshot flow copies it here in the background for the next one.
+    # here (`action.wanted_here`): the snapshot flow copies it here in the background for the next one.
     wanted: SnapshotRef | None = None
     # The index lookup the decision was made on (its live pods' part), for the steps after it (the
     # snapshot flow's first sight): one lookup per request. None when the index was not read.

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from llamafleet_core.prefix.identity import PromptIdentity
 from llamafleet_core.types import Endpoint, Lookup, PromptTags, SlotRef, SnapshotRef
-from llamafleet_router.scheduling.framework import PromptLike
 
 # Where llama-server leaves a context checkpoint near the end of each prompt it processes: n_ubatch + 4
 # tokens before it (reference/llama-server.md section 3, default n_ubatch 512), at ~4 characters a token.
@@ -41,7 +41,7 @@ def pod_best_slots(lookup: Lookup, pod_uid: str, n_slots: int) -> tuple[tuple[in
     return (tuple(sorted(slots)), most) if slots else None
 
 
-def held_blocks(lookup: Lookup, endpoint: Endpoint, slot: int, prompt: PromptLike | None = None) -> int:
+def held_blocks(lookup: Lookup, endpoint: Endpoint, slot: int, prompt: PromptIdentity | None = None) -> int:
     """What a request pinned to this slot reuses without restoring anything.
 
     A patched build with --slot-attach shares the pod's cached prefix with every slot, so there the pod's
@@ -56,45 +56,45 @@ def held_blocks(lookup: Lookup, endpoint: Endpoint, slot: int, prompt: PromptLik
     return resumable(held, endpoint, prompt, own=lookup.conversation == ref or ref in lookup.exact_head)
 
 
-def held_chars(lookup: Lookup, endpoint: Endpoint, slot: int, prompt: PromptLike, held: int) -> int:
+def held_chars(lookup: Lookup, endpoint: Endpoint, slot: int, prompt: PromptIdentity, held: int) -> int:
     """What a request pinned to this slot reuses, in characters of its prompt, given the `held` blocks
     it resumes from: those blocks, or the whole head when the index says the slot holds exactly this
     head (`Lookup.exact_head`) and the blocks end where the head's whole blocks do. Only then does a
     snapshot of the head add nothing to the slot; without the tag the slot may part from the head
     inside its last block (another day's date line), and restoring the head may beat computing it."""
     chars = held * prompt.block_chars
-    shared = getattr(prompt, "shared_chars", None)
-    if isinstance(shared, int) and shared > chars and held == shared // prompt.block_chars and \
+    shared = prompt.shared_chars
+    if shared > chars and held == shared // prompt.block_chars and \
             SlotRef(endpoint.pod.uid, slot) in lookup.exact_head:
         return shared
     return chars
 
 
-def snapshot_tags(prompt: PromptLike, snap: SnapshotRef) -> PromptTags | None:
+def snapshot_tags(prompt: PromptIdentity, snap: SnapshotRef) -> PromptTags | None:
     """The tags of a slot holding exactly `snap`, a prefix of `prompt`: the head's when the snapshot ends
     where the prompt's head does; none otherwise (a conversation's needs its first question)."""
-    tags = getattr(prompt, "tags", None)
-    if isinstance(tags, PromptTags) and tags.head and snap.n_chars and \
-            snap.n_chars == getattr(prompt, "shared_chars", None):
+    tags = prompt.tags
+    if tags.head and snap.n_chars and snap.n_chars == prompt.shared_chars:
         return PromptTags(head=tags.head, head_blocks=tags.head_blocks)
     return None
 
 
-def resumable(held: int, endpoint: Endpoint, prompt: PromptLike, *, own: bool = False) -> int:
+def resumable(held: int, endpoint: Endpoint, prompt: PromptIdentity, *, own: bool = False) -> int:
     """Of `held` matching blocks, those a slot of this pod can resume from.
 
     Attention-only models resume at the exact divergence. A model with recurrent or windowed layers
     (`Endpoint.resume_anywhere` False) resumes only at a context checkpoint. A slot that matches no more
     than the prompt's shared head (tools and system prompt) holds that head followed by another session's
     question, and the server's latest usable checkpoint there lies about `n_ubatch + 4` tokens before that
-    question ended (measured: ~500 tokens computed again for a "hit"; restoring the head's snapshot costs
-    milliseconds), so the match counts that much short. A slot matching past the head holds this very
+    question ended (restoring the head's snapshot costs far less than computing that again), so the
+    match counts that much short. A slot matching past the head holds this very
     conversation, whose previous turn left a checkpoint just before its end: the match counts whole.
 
     For chat requests the server also keeps a checkpoint where a conversation's user message starts,
     which is where the shared head ends; but a match of whole blocks cannot tell a slot holding the
     whole head from one that diverges inside its last, partial block (a date line just before the user
-    message). Counting such matches whole was tried: the mixed workload computed 5.3x its minimum.
+    message): counting such matches whole computed far more than needed (docs/design.md,
+    "Measurements behind the rules").
 
     `own`: the index says this slot holds this very head exactly (`Lookup.exact_head`), or this very
     conversation (`Lookup.conversation`: the same head and first question), so it has a checkpoint at
@@ -104,9 +104,7 @@ def resumable(held: int, endpoint: Endpoint, prompt: PromptLike, *, own: bool = 
     """
     if endpoint.resume_anywhere or held <= 0 or own:
         return held
-    shared = getattr(prompt, "shared_chars", None)
-    shared_blocks = shared // prompt.block_chars if isinstance(shared, int) else len(prompt.session_blocks)
-    if held > shared_blocks:
+    if held > prompt.shared_chars // prompt.block_chars:
         return held
     return max(0, held - -(-CHECKPOINT_GAP_CHARS // prompt.block_chars))
 

@@ -1,18 +1,15 @@
-"""The scheduler: runs one profile per request and returns a leased `Decision`.
+"""The scheduler: a thin runner over its plugins, returning one leased `Decision` per request.
 
     producers (I/O, once) -> filters (in order) -> slot candidates (per surviving pod: the idle slots
-      the lookup or a plugin names, plus one representative idle slot; see data.py)
+      the lookup or a plugin names, plus one representative idle slot; candidates.py)
       -> weighted scorers (each clamped to [0, 1], times its weight, summed) -> picker (ranked list)
-      -> lease the best slot whose lease is free -> action choice (decide.py) -> Decision
+      -> placement (placement.py: the best slot whose lease is free) -> decider (action.py: its action)
 
 Fallbacks, none of which fails the request:
 - the index is down: `prefix-lookup` says so and the degraded hash steers (branch `degraded_hash`, or
   `session_affinity` when the session's previous slot won); the action is DIRECT, since nothing is known;
 - a slot's lease is held by another router replica: try the next candidate (at most `leases.max_attempts`);
-- no idle slot, or every lease taken: a `queued` decision without a lease for the best endpoint, pinned
-  to its slot holding the most of the prefix (llama-server defers a pinned task until that slot frees;
-  among slots holding it alike, the one with the fewest of this router's requests), or to any slot
-  when none holds anything;
+- no idle slot, or every lease taken: a `queued` decision without a lease (placement.py);
 - the lease store raises (Redis down): proceed without a lease.
 Only an empty endpoint set after a filter (nothing healthy, unknown model) raises `NoEndpointError`.
 
@@ -25,48 +22,84 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
-from llamafleet_core.types import Action, Lookup, SlotRef
-from llamafleet_router.scheduling.candidates import (
-    Groups,
-    candidates,
-    restore_targets,
-    slot_groups,
-    with_spares,
-)
+from llamafleet_core.types import Lookup, SlotRef
+from llamafleet_router.scheduling.action import ActionDecider
+from llamafleet_router.scheduling.candidates import candidates, slot_groups
 from llamafleet_router.scheduling.config import PipelineConfig
-from llamafleet_router.scheduling.decide import choose_action
 from llamafleet_router.scheduling.framework import (
-    ANY_SLOT,
     INDEX_AVAILABLE,
     LOOKUP,
     RESTORE_ENABLED,
-    Branch,
     Candidate,
     CycleState,
     Decision,
+    DecisionHook,
     EndpointState,
+    Filter,
     GatedScorer,
     MetricsHook,
     NoEndpointError,
+    Picker,
     PluginHandle,
     PodScorer,
     PrefixIndexLike,
+    Producer,
     SchedRequest,
     ScoredCandidate,
     Scorer,
     SlotLeasesLike,
     SlotNominator,
 )
-from llamafleet_router.scheduling.lookup_view import pod_best_slots
+from llamafleet_router.scheduling.placement import Placement, queued_decision
 from llamafleet_router.scheduling.plugins.scorers.session_affinity import SessionAffinityScorer
-from llamafleet_router.scheduling.registry import Registry, build_plugins, register_builtin_plugins
+from llamafleet_router.scheduling.registry import Registry, register_builtin_plugins
 from llamafleet_router.scheduling.speeds import SpeedBook
 from llamafleet_router.scheduling.weighing import weigh_candidates
 
 log = logging.getLogger(__name__)
 
-_MOVES = 2  # lease attempts when moving a restore to an older slot (another replica may hold them)
+
+@dataclass
+class Plugins:
+    """A profile's plugins, built and sorted by kind, in the config's order."""
+
+    producers: list[Producer] = field(default_factory=list)
+    filters: list[Filter] = field(default_factory=list)
+    scorers: list[tuple[Scorer, float]] = field(default_factory=list)
+    pickers: list[Picker] = field(default_factory=list)
+    hooks: list[DecisionHook] = field(default_factory=list)  # plugins that learn from decisions
+    produces: dict[str, tuple[str, ...]] = field(default_factory=dict)  # producer name -> its state keys
+
+    @property
+    def picker(self) -> Picker:
+        return self.pickers[0]  # the config guarantees exactly one
+
+
+def build_plugins(config: PipelineConfig, registry: Registry, handle: PluginHandle) -> Plugins:
+    """Build every plugin of the config's profile from `registry`."""
+    out = Plugins()
+    for entry in config.profile.plugins:
+        pc = config.plugin(entry.ref)
+        spec = registry[pc.type]
+        plugin = spec.factory(pc.ref_name, pc.params, handle)
+        out.produces[pc.ref_name] = spec.produces
+        # Dispatch on the kind the registry declares (what the config was validated against), and
+        # check the built object really implements it.
+        if spec.kind == "producer" and isinstance(plugin, Producer):
+            out.producers.append(plugin)
+        elif spec.kind == "filter" and isinstance(plugin, Filter):
+            out.filters.append(plugin)
+        elif spec.kind == "scorer" and isinstance(plugin, Scorer):
+            out.scorers.append((plugin, float(entry.weight or 0.0)))
+        elif spec.kind == "picker" and isinstance(plugin, Picker):
+            out.pickers.append(plugin)
+        else:
+            raise TypeError(f"plugin {pc.ref_name!r} does not implement the {spec.kind} protocol")
+        if isinstance(plugin, DecisionHook):
+            out.hooks.append(plugin)
+    return out
 
 
 class Scheduler:
@@ -85,14 +118,14 @@ class Scheduler:
         # What the action choice weighs per pod: learned from the answers the app feeds it (hooks.py).
         self.speeds = speeds if speeds is not None else (
             SpeedBook(config.decision) if config.decision.learn_speeds else None)
-        self._leases = leases
-        self._holder_prefix = holder_prefix
         self._metrics = metrics_hook
         plugins = build_plugins(config, registry or register_builtin_plugins(), PluginHandle(index=index))
         self.producers, self.filters, self.scorers = plugins.producers, plugins.filters, plugins.scorers
         self._hooks, self._produces = plugins.hooks, plugins.produces
         self.picker = plugins.picker
-        self._affinity = {s.name for s, _ in self.scorers if isinstance(s, SessionAffinityScorer)}
+        affinity = [s.name for s, _ in self.scorers if isinstance(s, SessionAffinityScorer)]
+        self.decider = ActionDecider(config.decision, self.speeds, affinity)
+        self.placement = Placement(leases, config.leases, holder_prefix, self.decider, self._report)
         self._nominators = [s for s, _ in self.scorers if isinstance(s, SlotNominator)]
         # How to ask each scorer, decided once (isinstance on a Protocol is slow).
         self._plan: list[tuple[Scorer, float, PodScorer | None, GatedScorer | None]] = [
@@ -130,9 +163,12 @@ class Scheduler:
         decision = None
         if idle:
             ranked = self.rank(req, state, idle, [s for s in survivors if s.idle_slots])
-            decision = await self._lease_best(req, state, ranked, named)
+            decision = await self.placement.place(req, state, ranked, named)
         if decision is None:
-            decision = self._queued(req, state, survivors, named)
+            every = candidates(survivors, named, idle_only=False)
+            ranked = self.rank(req, state, every, [s for s in survivors if s.endpoint.n_slots > 0])
+            known = lookup if state.read(INDEX_AVAILABLE, True) else None
+            decision = queued_decision(req, known, ranked, survivors, self.decider.is_session_slot)
         self.on_decision(req, decision)
         return decision
 
@@ -144,8 +180,8 @@ class Scheduler:
         first by the picker.
 
         Pod-level scorers are asked once per pod, gated scorers that do not apply are skipped, and a
-        slot-level answer that is 0 everywhere is not looked up per candidate: with 1,000 index entries
-        the per-candidate dict lookups were most of the decision's cost."""
+        slot-level answer that is 0 everywhere is not looked up per candidate: with many index entries
+        the per-candidate dict lookups would be most of the decision's cost."""
         clock = time.perf_counter
         if endpoints is None:
             endpoints = list({id(c.state): c.state for c in candidates}.values())
@@ -171,98 +207,6 @@ class Scheduler:
         self._report("picker", self.picker.type_name, self.picker.name, started)
         return ranked
 
-    async def _lease_best(
-        self, req: SchedRequest, state: CycleState, ranked: Sequence[ScoredCandidate], named: Groups
-    ) -> Decision | None:
-        holder = f"{self._holder_prefix}:{req.request_id}"
-        attempts = self.config.leases.max_attempts
-        for sc in ranked:
-            # A candidate whose lease is taken stands for its group's other idle slots, which score
-            # the same: try those next, as scoring every slot would have (see candidates.py).
-            for c in with_spares(sc.candidate, named):
-                if attempts <= 0:
-                    return None
-                attempts -= 1
-                pick = sc if c is sc.candidate else ScoredCandidate(c, sc.total, sc.scores)
-                if self._leases is None:
-                    return await self._place(req, state, pick, self._decide(req, state, pick, None))
-                started = time.perf_counter()
-                try:
-                    ok = await self._leases.acquire(c.key, holder, self.config.leases.ttl_s)
-                except Exception as exc:  # lease store down: serve unleased rather than fail
-                    log.warning("slot lease store unavailable (%s); proceeding without a lease", exc)
-                    return self._decide(req, state, pick, None)
-                finally:
-                    self._report("lease", "slot-leases", "acquire", started)
-                if ok:
-                    return await self._place(req, state, pick, self._decide(req, state, pick, holder))
-        return None
-
-    async def _place(
-        self, req: SchedRequest, state: CycleState, pick: ScoredCandidate, decision: Decision
-    ) -> Decision:
-        """A restore goes into the pod's idle slot used longest ago rather than the picked one, whose
-        content it would replace (`candidates.restore_targets` says why); the lease moves with it."""
-        if decision.action is not Action.RESTORE or decision.snapshot is None:
-            return decision
-        s, holder = pick.candidate.state, decision.lease_holder
-        lookup = state.read(LOOKUP, _EMPTY)
-        for slot in restore_targets(s, decision.slot, lookup, decision.snapshot.n_blocks)[:_MOVES]:
-            if self._leases is not None and holder is not None:
-                try:
-                    ttl = self.config.leases.ttl_s
-                    if not await self._leases.acquire(SlotRef(s.uid, slot), holder, ttl):
-                        continue  # another replica's: try the next
-                except Exception:
-                    return decision
-                await self.release(decision)
-            moved = ScoredCandidate(Candidate(s, slot), pick.total, pick.scores)
-            return self._decide(req, state, moved, holder)
-        return decision
-
-    def _decide(
-        self, req: SchedRequest, state: CycleState, sc: ScoredCandidate, holder: str | None
-    ) -> Decision:
-        c = sc.candidate
-        affinity = self._is_session_slot(sc)
-        # Absent means "no index in this profile", as for the degraded-hash scorer.
-        if not state.read(INDEX_AVAILABLE, True):
-            # Nothing is known about slot contents: forward pinned and let llama-server reuse what it has.
-            branch = Branch.SESSION_AFFINITY if affinity else Branch.DEGRADED_HASH
-            return Decision(c.endpoint, c.slot, Action.DIRECT, None, 0, branch, holder)
-        costs = self.config.decision if self.speeds is None else self.speeds.costs(c.endpoint.pod.uid)
-        choice = choose_action(req.prompt, c.endpoint, c.slot, state.read(LOOKUP, Lookup()), costs,
-                               others=c.state.in_flight)
-        branch = Branch.SESSION_AFFINITY if choice.branch == Branch.COLD and affinity else choice.branch
-        return Decision(c.endpoint, c.slot, choice.action, choice.snapshot, choice.predicted_blocks, branch,
-                        holder, wanted=choice.wanted)
-
-    def _queued(
-        self, req: SchedRequest, state: CycleState, survivors: Sequence[EndpointState], named: Groups
-    ) -> Decision:
-        every = candidates(survivors, named, idle_only=False)
-        ranked = self.rank(req, state, every, [s for s in survivors if s.endpoint.n_slots > 0])
-        if not ranked:  # only endpoints reporting zero slots: let the server sort it out
-            return Decision(survivors[0].endpoint, ANY_SLOT, Action.DIRECT, None, 0, Branch.QUEUED)
-        top = ranked[0]
-        endpoint = top.candidate.endpoint
-        best = pod_best_slots(state.read(LOOKUP, Lookup()), endpoint.pod.uid, endpoint.n_slots)
-        if best is not None:
-            slots, blocks = best
-            # Slots that hold the prefix alike (a SharedPrefix is in every slot): join the shortest of
-            # their queues. Pinned to the lowest id, every queued request waited behind all the others
-            # there while the pod's other slots freed and went to newcomers: 2 slots and 4 clients
-            # made 3 answers' wait on slot 0, past a client's 30 s on a loaded machine.
-            waiting = top.candidate.state.slot_requests
-            slot = min(slots, key=lambda s: (waiting.get(s, 0), s))
-            held = min(blocks, len(req.prompt.blocks))
-            return Decision(endpoint, slot, Action.DIRECT, None, held, Branch.QUEUED)
-        slot = top.candidate.slot if self._is_session_slot(top) else ANY_SLOT
-        return Decision(endpoint, slot, Action.DIRECT, None, 0, Branch.QUEUED)
-
-    def _is_session_slot(self, sc: ScoredCandidate) -> bool:
-        return any(sc.scores.get(name, 0.0) >= 1.0 for name in self._affinity)
-
     # ---- around the pipeline -----------------------------------------------------------------
 
     def on_decision(self, req: SchedRequest, decision: Decision) -> None:
@@ -275,12 +219,7 @@ class Scheduler:
 
     async def release(self, decision: Decision) -> None:
         """Release the decision's slot lease, if it took one. Never raises: the TTL is the backstop."""
-        if decision.lease_holder is None or self._leases is None:
-            return
-        try:
-            await self._leases.release(decision.slot_ref, decision.lease_holder)
-        except Exception as exc:
-            log.warning("could not release lease on %s (%s); its TTL will", decision.slot_ref.key(), exc)
+        await self.placement.release(decision)
 
     def _report(self, point: str, plugin_type: str, name: str, started: float) -> None:
         """Per-plugin latency: one perf_counter pair per plugin, and nothing more without a hook."""

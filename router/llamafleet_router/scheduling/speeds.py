@@ -1,6 +1,6 @@
 """What each pod really computes and restores at: speeds learned from its own answers (pure state).
 
-The cost model's parameters (`decide.ActionCosts`) are reference figures, but the pods of a fleet differ
+The cost model's parameters (`costs.ActionCosts`) are reference figures, but the pods of a fleet differ
 (GPU or CPU, model size, threads, load), and they are what a decision weighs. Every answer carries
 llama-server's `timings` (tokens computed and the milliseconds it took), and every restore is timed,
 so the gateway learns per pod:
@@ -12,7 +12,7 @@ so the gateway learns per pod:
 - how much slower or faster than the model predicts its restores and pulls are (one factor each,
   applied to both the per-byte rate and the fixed overhead, so small files learn as well as big ones).
 
-An answer's tokens are split into the batches the server computed them in (`decide.server_cuts`). Its
+An answer's tokens are split into the batches the server computed them in (`costs.server_cuts`). Its
 time teaches the small-batch rate when every batch was small (below `min_batch_tokens`), and the
 full-batch rate when it computed at least `FULL_SAMPLE_TOKENS` in full batches, once the small batches'
 current estimate is taken off (when that leaves most of the time). Each figure is an
@@ -26,8 +26,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from llamafleet_core.prefix.identity import PromptIdentity
 from llamafleet_core.types import Endpoint
-from llamafleet_router.scheduling.decide import (
+from llamafleet_router.scheduling.costs import (
     ActionCosts,
     batches,
     load_seconds,
@@ -37,7 +38,6 @@ from llamafleet_router.scheduling.decide import (
     server_cuts,
     small_batch,
 )
-from llamafleet_router.scheduling.framework import PromptLike
 
 # The full-batch rate is what weighs computing thousands of tokens against a restore; a few dozen
 # tokens (a question after a hit) run latency-bound even on a GPU, so they would teach it a rate ten
@@ -95,7 +95,7 @@ class SpeedBook:
         return {} if pod is None else {k: float(v) for k, v in self._learned(pod).items()}
 
     def observe_prompt(
-        self, endpoint: Endpoint, prompt: PromptLike, *, cached: int, computed: int, seconds: float
+        self, endpoint: Endpoint, prompt: PromptIdentity, *, cached: int, computed: int, seconds: float
     ) -> bool:
         """One answer: `computed` prompt tokens after `cached` ones took `seconds` (llama-server's
         `prompt_n`, `cache_n` and `prompt_ms`). True when the pod's costs changed."""

@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 _PREFILL_TIMEOUT_S = 900.0  # a long prefix on a slow pod; the slot lease outlives it
 
 
-# Characters per token a head is assumed to have at least before it is tokenized (decide.py's
+# Characters per token a head is assumed to have at least before it is tokenized (costs.py's
 # conservative `chars_per_token`; ~4.5 measured on agent tool JSON).
 _LIKELY_CHARS_PER_TOKEN = 4.0
 

@@ -15,10 +15,6 @@ Flights are per model, tenant group and exact head: one group never waits for an
 
 from __future__ import annotations
 
-import logging
-
-from llamafleet_core.index.base import PrefixIndex
-from llamafleet_core.types import Lookup
 from llamafleet_router.scheduling.framework import Decision
 from llamafleet_router.snapshots.base import SnapshotConfig
 from llamafleet_router.snapshots.detached import DetachedBuilds
@@ -28,8 +24,6 @@ from llamafleet_router.snapshots.leader import Leader
 from llamafleet_router.snapshots.preparation import Preparation, head_prompt
 from llamafleet_router.snapshots.restore import Restored
 from llamafleet_router.snapshots.waits import BuildWaits, HeadBuilds
-
-log = logging.getLogger(__name__)
 
 
 def worth_first_sight(prompt: Prompt, decision: Decision, restored: Restored | None,
@@ -47,10 +41,9 @@ def worth_first_sight(prompt: Prompt, decision: Decision, restored: Restored | N
 
 class FirstSightStep:
     def __init__(
-        self, *, index: PrefixIndex, builds: HeadBuilds, waits: BuildWaits, leader: Leader,
+        self, *, builds: HeadBuilds, waits: BuildWaits, leader: Leader,
         detached: DetachedBuilds, heads: HeadMemory, config: SnapshotConfig,
     ) -> None:
-        self._index = index
         self._builds = builds
         self._waits = waits
         self._leader = leader
@@ -73,8 +66,8 @@ class FirstSightStep:
             return
         if prep.failed is None and heads.is_known(key):
             return
-        lookup = await self._lookup(prep, prompt)
-        if lookup is None:  # no index: no first sight (nothing could find the snapshot anyway)
+        lookup = prep.lookup  # the scheduler's: one index lookup per request
+        if lookup is None:  # made without the index: no first sight (nothing could find the snapshot)
             return
         exact = [s for s in lookup.snapshots if s.text_hash == key[2] and s.n_chars == prompt.head_chars]
         if exact and (prep.failed is None or any(s != prep.failed for s in exact)):
@@ -93,14 +86,3 @@ class FirstSightStep:
             got = await self._waits.for_head(prep, flight, prompt, key)
             if not got and heads.exceeds(key, prep.slot_context):  # the leader found it too long
                 prep.decision = heads.too_long(model, prep.decision)
-
-    async def _lookup(self, prep: Preparation, prompt: Prompt) -> Lookup | None:
-        """The scheduler's lookup of this prompt, or (a decision made without one: an injected
-        scheduler) the index's own; None when the index cannot answer."""
-        if prep.lookup is not None:
-            return prep.lookup
-        try:
-            return await self._index.lookup(prompt.model, prompt.blocks)
-        except Exception as exc:
-            log.info("index lookup for first sight failed", extra={"error": str(exc)})
-            return None

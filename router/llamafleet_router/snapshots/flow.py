@@ -77,7 +77,7 @@ class SnapshotFlow:
         self.steps: tuple[Step, ...] = (
             ShipStep(Shipper(restorer=self.restorer, metrics=metrics, tasks=tasks), config),
             RestoreStep(self.restorer, self.primer, self.heads),
-            FirstSightStep(index=index, builds=self.builds, leader=leader, detached=self._detached,
+            FirstSightStep(builds=self.builds, leader=leader, detached=self._detached,
                            heads=self.heads, config=config,
                            waits=BuildWaits(self.builds, self.restorer, metrics, config)),
             PrimeStep(self.primer, lender, self._detached, config),

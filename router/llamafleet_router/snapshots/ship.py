@@ -8,7 +8,7 @@ time). Computing wins on time, so every such session would compute the workspace
 head once more (docs/design.md, "A snapshot a pod's session wanted is copied there", for the figures).
 
 So when the action choice sees a snapshot on another pod that would have given its pod more than
-what it uses (`decide.wanted_here`), the flow has that pod's agent pull it now, off the request path,
+what it uses (`action.wanted_here`), the flow has that pod's agent pull it now, off the request path,
 one copy at a time per gateway, and records the copy in the index: the next session of that prefix on
 that pod restores it locally in milliseconds. Copies are made on demand, not of every snapshot to
 every pod: a pod's disk holds what its own sessions use, and a burst of sessions arriving with a new

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, replace
 
 from llamafleet_core.types import Action, SnapshotRef
-from llamafleet_router.scheduling.decide import ActionCosts
+from llamafleet_router.scheduling.costs import ActionCosts
 from llamafleet_router.scheduling.framework import Branch
 from llamafleet_router.scheduling.speeds import SpeedBook
 from llamafleet_router.snapshots.base import SnapshotConfig, SnapshotMetrics

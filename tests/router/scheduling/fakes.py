@@ -10,28 +10,35 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from llamafleet_core.types import Endpoint, Lookup, PodRef, PromptTags, SlotRef, SnapshotRef
+from llamafleet_core.prefix.identity import PromptIdentity, RenderedBy
+from llamafleet_core.types import Endpoint, Lookup, PodRef, PromptTags, SlotRef, SnapshotRef, exact_text_hash
 from llamafleet_router.scheduling.framework import EndpointState, SchedRequest
 
 MODEL = "tiny"
 BLOCK_CHARS = 256
 
 
-@dataclass(frozen=True)
-class FakePrompt:
-    """Mirrors `PromptIdentity`: chained block hashes plus the session-prefix length."""
+FILL = "x"  # the prompts' text: what the block hashes stand for does not matter to the scheduler
 
-    model: str
-    blocks: tuple[str, ...]
-    block_chars: int = BLOCK_CHARS
-    session_prefix_chars: int = 0
-    shared_chars: int = 0
-    rendered_by: str = "template"  # a chat request: the server ends a batch where its last user turn starts
-    tags: PromptTags | None = None
 
-    @property
-    def session_blocks(self) -> tuple[str, ...]:
-        return self.blocks[: self.session_prefix_chars // self.block_chars]
+def prompt(
+    model: str, blocks: tuple[str, ...], *, block_chars: int = BLOCK_CHARS, session_prefix_chars: int = 0,
+    shared_chars: int = 0, rendered_by: RenderedBy = "template", head_tag: str | None = None,
+    conversation_tag: str | None = None,
+) -> PromptIdentity:
+    """A real `PromptIdentity` with hand-made block hashes and a text of the blocks' length. Its
+    `rendered_by` is a chat request's by default: the server ends a batch where its last user turn
+    starts. `shared_chars`: where its shared head ends (0: nothing shared)."""
+    text = FILL * (len(blocks) * block_chars)
+    return PromptIdentity(model, text, blocks, block_chars, session_prefix_chars, rendered_by,
+                          shared_prefix_chars=shared_chars, head_tag=head_tag,
+                          conversation_tag=conversation_tag)
+
+
+def text_hash(n_chars: int) -> str:
+    """The exact-text hash of the first `n_chars` characters of every `prompt`: a snapshot with it is
+    one the prompt extends."""
+    return exact_text_hash(FILL * n_chars)
 
 
 def chain(tag: str, n: int) -> tuple[str, ...]:
@@ -50,9 +57,9 @@ def request(
     shared_blocks: int | None = None,
 ) -> SchedRequest:
     shared = session_blocks if shared_blocks is None else shared_blocks
-    prompt = FakePrompt(model, chain(tag, n_blocks), session_prefix_chars=session_blocks * BLOCK_CHARS,
-                        shared_chars=shared * BLOCK_CHARS)
-    return SchedRequest(request_id=request_id, model=model, prompt=prompt, session_id=session_id)
+    identity = prompt(model, chain(tag, n_blocks), session_prefix_chars=session_blocks * BLOCK_CHARS,
+                      shared_chars=shared * BLOCK_CHARS)
+    return SchedRequest(request_id=request_id, model=model, prompt=identity, session_id=session_id)
 
 
 def endpoint(

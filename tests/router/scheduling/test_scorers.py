@@ -30,7 +30,8 @@ from llamafleet_router.scheduling.plugins.scorers.snapshot_match import (
     SnapshotMatchScorer,
 )
 
-from .fakes import MODEL, FakePrompt, chain, request, slot, snapshot, state
+from .fakes import MODEL, chain, request, slot, snapshot, state
+from .fakes import prompt as make_prompt
 
 
 def candidates(*states: EndpointState) -> list[Candidate]:
@@ -89,7 +90,7 @@ def test_prefix_match_ranks_a_slot_holding_the_exact_head_above_one_that_may_par
     """Same whole blocks; the index says slot 1 holds this head exactly: its score counts the head's
     characters (and, on a hybrid pod, is not cut short by the checkpoint gap)."""
     head = 30 * 256 + 100
-    prompt = FakePrompt(MODEL, chain("p", 40), session_prefix_chars=head, shared_chars=head)
+    prompt = make_prompt(MODEL, chain("p", 40), session_prefix_chars=head, shared_chars=head)
     req = SchedRequest("r", MODEL, prompt, None)
     lookup = Lookup(slots={slot("a", 0): 30, slot("a", 1): 30}, exact_head=frozenset({slot("a", 1)}))
     dense = PrefixMatchScorer("pm").score(req, with_lookup(lookup), candidates(state("a")))

@@ -5,15 +5,17 @@ from __future__ import annotations
 import pytest
 
 from llamafleet_core.types import Action, Lookup, SnapshotRef
-from llamafleet_router.scheduling.decide import ActionCosts, choose_action, restore_seconds
+from llamafleet_router.scheduling.action import choose_action
+from llamafleet_router.scheduling.costs import ActionCosts, restore_seconds
 from llamafleet_router.scheduling.speeds import FULL_SAMPLE_TOKENS, SpeedBook
 
-from .fakes import MODEL, FakePrompt, chain, endpoint
+from .fakes import MODEL, chain, endpoint, text_hash
+from .fakes import prompt as make_prompt
 
 CPU = ActionCosts(min_batch_tokens=64)
 # 240 blocks of 256 characters at 4 per token: a 15,360-token prompt whose last user message starts
 # 20 tokens before its end.
-PROMPT = FakePrompt(MODEL, chain("p", 240), session_prefix_chars=240 * 256 - 80)
+PROMPT = make_prompt(MODEL, chain("p", 240), session_prefix_chars=240 * 256 - 80)
 DENSE, HYBRID = endpoint("b"), endpoint("b", resume_anywhere=False)
 UID = DENSE.pod.uid
 
@@ -102,7 +104,7 @@ def test_a_pathological_answer_moves_a_figure_at_most_fifty_fold() -> None:
 
 def _exact(name: str, n_chars: int) -> SnapshotRef:
     return SnapshotRef(name=name, pod_uid=UID, n_blocks=n_chars // 256, n_tokens=n_chars // 4,
-                       size_bytes=4_000_000, n_chars=n_chars, text_hash=f"h-{name}")
+                       size_bytes=4_000_000, n_chars=n_chars, text_hash=text_hash(n_chars))
 
 
 def test_a_pod_whose_small_batches_are_fast_stops_restoring_the_earlier_stage() -> None:
@@ -130,7 +132,7 @@ def test_a_pod_with_slow_pulls_computes_what_a_pull_would_have_brought() -> None
     restore (~0.54 s) beat computing them (0.64 s at 2,000 tokens/s); once this pod's pulls are seen
     taking three times the prediction, computing wins."""
     snap = SnapshotRef("far", "uid-c", n_blocks=20, n_tokens=1_280, size_bytes=40_000_000)
-    prompt = FakePrompt(MODEL, chain("p", 20), session_prefix_chars=20 * 256 - 80)
+    prompt = make_prompt(MODEL, chain("p", 20), session_prefix_chars=20 * 256 - 80)
     lookup = Lookup(snapshots=(snap,))
     book = SpeedBook(ActionCosts())
     assert choose_action(prompt, DENSE, 1, lookup, book.costs(UID)).action is Action.RESTORE

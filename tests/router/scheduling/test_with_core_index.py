@@ -1,6 +1,6 @@
 """The scheduler over the core package's real in-memory index, leases and prompt identity.
 
-This checks the structural contracts (`PromptLike`, `PrefixIndexLike`, `SlotLeasesLike`) against the
+This checks the structural contracts (`PrefixIndexLike`, `SlotLeasesLike`) against the
 classes the app will pass in, both for mypy (the annotated assignments) and at run time.
 """
 
@@ -11,7 +11,7 @@ from llamafleet_core.prefix.hashing import block_chain
 from llamafleet_core.prefix.identity import PromptIdentity
 from llamafleet_core.types import Action, SnapshotRef
 from llamafleet_router.scheduling.config import default_config
-from llamafleet_router.scheduling.framework import PrefixIndexLike, PromptLike, SchedRequest, SlotLeasesLike
+from llamafleet_router.scheduling.framework import PrefixIndexLike, SchedRequest, SlotLeasesLike
 from llamafleet_router.scheduling.scheduler import Scheduler
 
 from .fakes import MODEL, slot, state
@@ -29,8 +29,8 @@ async def test_routes_to_slot_recorded_in_the_core_in_memory_index() -> None:
     """A slot recorded with the prompt's chain attracts the request, DIRECT, with a real lease."""
     index: PrefixIndexLike = InMemoryPrefixIndex()
     leases: SlotLeasesLike = InMemorySlotLeases()
-    prompt: PromptLike = identity()
-    assert isinstance(index, InMemoryPrefixIndex) and isinstance(prompt, PromptIdentity)
+    prompt = identity()
+    assert isinstance(index, InMemoryPrefixIndex)
     await index.record_slot(MODEL, slot("b", 2), prompt.blocks, 4000)
     sched = Scheduler(default_config(), index=index, leases=leases, holder_prefix="r1")
     d = await sched.schedule(SchedRequest("q1", MODEL, prompt), [state("a"), state("b"), state("c")])
@@ -77,7 +77,7 @@ async def test_the_scheduler_weighs_each_pods_learned_speeds() -> None:
     for _ in range(2):
         sched.speeds.observe_restore("uid-b", size_bytes=snap.size_bytes, seconds=60.0)
     # Slot 2 is busy with another replica's request (none of this one's: a prefill here would delay
-    # nobody this replica knows of, see decide.best_restore).
+    # nobody this replica knows of, see action.best_restore).
     d = await sched.schedule(SchedRequest("q1", MODEL, prompt), [state("b", busy=(2,), in_flight=0)])
     assert (d.action, d.snapshot) == (Action.COMPUTE, None)
 

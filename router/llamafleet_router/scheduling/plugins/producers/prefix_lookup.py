@@ -64,7 +64,7 @@ class PrefixLookup:
             return
         try:
             async with asyncio.timeout(self.params.timeout_s):
-                found = await self._index.lookup(req.model, blocks, getattr(req.prompt, "tags", None))
+                found = await self._index.lookup(req.model, blocks, req.prompt.tags)
         except Exception as exc:  # the index is a hint: any failure means "degraded", never an error
             log.warning("prefix index unavailable (%s: %s); using the degraded hash", type(exc).__name__, exc)
             state.write(LOOKUP, Lookup())

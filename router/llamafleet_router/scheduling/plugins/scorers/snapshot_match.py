@@ -15,9 +15,9 @@ and a slot holding part of the prompt plus a restore then scored above one holdi
 model that resumes only at checkpoints, where such partial holdings are counted short, that sent a
 conversation's next turn to a slot holding another session (restore, then compute its history again)
 instead of its own slot. Restorable: the candidate's pod has an
-agent and the prompt strictly extends the snapshot's exact text (`decide.usable_snapshots`, the rule
+agent and the prompt strictly extends the snapshot's exact text (`action.usable_snapshots`, the rule
 the action choice applies too, so a scored snapshot is one that may really be restored). Whether the
-restore is actually worth it is decided after the pick by the cost model (`decide.py`).
+restore is actually worth it is decided after the pick by the action rule (`action.py`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import Any, ClassVar
 from pydantic import Field
 
 from llamafleet_core.types import Lookup, SlotRef
-from llamafleet_router.scheduling.decide import extends_strictly
+from llamafleet_router.scheduling.action import extends_strictly
 from llamafleet_router.scheduling.framework import (
     LOOKUP,
     RESTORE_ENABLED,

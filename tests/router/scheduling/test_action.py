@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import dataclasses
 
+from llamafleet_core.prefix.identity import PromptIdentity
 from llamafleet_core.types import Action, Endpoint, Lookup, PromptTags, SnapshotRef
-from llamafleet_router.scheduling.decide import (
+from llamafleet_router.scheduling.action import choose_action
+from llamafleet_router.scheduling.costs import (
     ActionCosts,
     batches,
-    choose_action,
     prefill_seconds,
     restore_seconds,
     server_cuts,
 )
 from llamafleet_router.scheduling.lookup_view import snapshot_tags
 
-from .fakes import MODEL, FakePrompt, chain, endpoint, request, slot, snapshot
+from .fakes import MODEL, chain, endpoint, request, slot, snapshot, text_hash
+from .fakes import prompt as make_prompt
 
 PROMPT = request(n_blocks=40).prompt  # 40 blocks * 256 chars / 4 = 2560 tokens -> 1.28 s at 2000 tok/s
 
@@ -152,9 +154,9 @@ def test_a_head_snapshot_adds_its_last_lines_unless_the_index_says_the_slot_hold
     inside that block (another day's date line), so the head's snapshot is weighed (and, cheap, wins);
     a slot the index names as holding this head exactly gains nothing from it and is used directly."""
     head = 30 * 256 + 100
-    prompt = FakePrompt(MODEL, chain("p", 40), session_prefix_chars=head, shared_chars=head)
+    prompt = make_prompt(MODEL, chain("p", 40), session_prefix_chars=head, shared_chars=head)
     snap = SnapshotRef(name="head", pod_uid="uid-b", n_blocks=30, n_tokens=head // 4, size_bytes=1_000,
-                       n_chars=head, text_hash="h-head")
+                       n_chars=head, text_hash=text_hash(head))
     costs = ActionCosts(restore_overhead_s=0.0)
     parts = Lookup(slots={slot("b", 1): 30}, snapshots=(snap,))
     choice = choose_action(prompt, endpoint("b"), 1, parts, costs)
@@ -170,20 +172,20 @@ def test_a_slot_holding_a_snapshot_of_the_head_is_tagged_with_the_head_only() ->
     """A primed or built slot holding the head's snapshot holds the head exactly; one holding a stage
     before it, or a prompt without tags, gets no tags."""
     head = 30 * 256 + 100
-    tags = PromptTags(head="h", head_blocks=30, conversation="c")
-    prompt = FakePrompt(MODEL, chain("p", 40), session_prefix_chars=head, shared_chars=head, tags=tags)
+    prompt = make_prompt(MODEL, chain("p", 40), session_prefix_chars=head, shared_chars=head, head_tag="h",
+                         conversation_tag="c")
     of_head = SnapshotRef("s", "uid-b", n_blocks=30, n_tokens=1, size_bytes=1, n_chars=head, text_hash="x")
     assert snapshot_tags(prompt, of_head) == PromptTags(head="h", head_blocks=30)
     stage = dataclasses.replace(of_head, n_chars=head - 50)
     assert snapshot_tags(prompt, stage) is None
-    untagged = FakePrompt(MODEL, chain("p", 40), session_prefix_chars=head, shared_chars=head)
+    untagged = make_prompt(MODEL, chain("p", 40), session_prefix_chars=head, shared_chars=head)
     assert snapshot_tags(untagged, of_head) is None
 
 
 def _exact(name: str, on: str, n_chars: int) -> SnapshotRef:
     """A snapshot of the prompt's first `n_chars` characters (exact text known, as first sight saves)."""
     return SnapshotRef(name=name, pod_uid=f"uid-{on}", n_blocks=n_chars // 256, n_tokens=n_chars // 4,
-                       size_bytes=4_000_000, n_chars=n_chars, text_hash=f"h-{name}")
+                       size_bytes=4_000_000, n_chars=n_chars, text_hash=text_hash(n_chars))
 
 
 # The small-batch rate is given at the test prompt's own context (40 blocks ~ 2,560 tokens).
@@ -241,8 +243,8 @@ def test_batches_are_cut_where_the_server_ends_them() -> None:
 
 def test_server_cuts_only_on_pods_that_checkpoint_and_the_user_cut_only_for_chat_prompts() -> None:
     """10,240 characters at 4 per token: 2,560 tokens, the last user message at 2,540."""
-    chat = FakePrompt(MODEL, chain("p", 40), session_prefix_chars=10_160)
-    raw = FakePrompt(MODEL, chain("p", 40), session_prefix_chars=10_160, rendered_by="raw")
+    chat = make_prompt(MODEL, chain("p", 40), session_prefix_chars=10_160)
+    raw = make_prompt(MODEL, chain("p", 40), session_prefix_chars=10_160, rendered_by="raw")
     hybrid = endpoint("b", resume_anywhere=False)
     assert server_cuts(chat, endpoint("b"), CPU) == ()
     assert sorted(server_cuts(chat, hybrid, CPU)) == [2560 - 4 - 512, 2540, 2556]
@@ -259,11 +261,11 @@ def test_hybrid_chat_prompt_restores_the_session_prefix_snapshot_since_its_quest
     computes the whole tail in one batch, so there the stage wins; so it does on a hybrid for a
     completions prompt, which has no message delimiters."""
     lookup = Lookup(snapshots=(_exact("end", "b", 10_160), _exact("stage", "b", 9_680)))
-    chat = FakePrompt(MODEL, chain("p", 40), session_prefix_chars=10_160)
-    raw = FakePrompt(MODEL, chain("p", 40), session_prefix_chars=10_160, rendered_by="raw")
+    chat = make_prompt(MODEL, chain("p", 40), session_prefix_chars=10_160)
+    raw = make_prompt(MODEL, chain("p", 40), session_prefix_chars=10_160, rendered_by="raw")
     hybrid = endpoint("b", resume_anywhere=False)
 
-    def picked(prompt: FakePrompt, ep: Endpoint) -> str:
+    def picked(prompt: PromptIdentity, ep: Endpoint) -> str:
         choice = choose_action(prompt, ep, 1, lookup, CPU)
         assert choice.action is Action.RESTORE and choice.snapshot is not None
         return choice.snapshot.name
@@ -277,7 +279,7 @@ def test_hybrid_without_the_session_prefix_snapshot_restores_the_stage_leaving_a
     """A later day: only stages exist. The one 120 tokens before the user message leaves a full batch
     (then the question); the one 40 tokens before it leaves a small batch, slower."""
     lookup = Lookup(snapshots=(_exact("far", "b", 9_680), _exact("near", "b", 10_000)))
-    chat = FakePrompt(MODEL, chain("p", 40), session_prefix_chars=10_160)
+    chat = make_prompt(MODEL, chain("p", 40), session_prefix_chars=10_160)
     for ep in (endpoint("b", resume_anywhere=False), endpoint("b")):
         choice = choose_action(chat, ep, 1, lookup, CPU)
         assert choice.snapshot is not None and choice.snapshot.name == "far"
