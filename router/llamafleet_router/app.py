@@ -173,10 +173,7 @@ def create_app(
             snapshots=None if config is None or snapshot_metrics is None else (config, snapshot_metrics))
         gateway.start(assemble(
             fixed, upstream=Upstream(client, gateway.pod_headers, settings.max_response_bytes),
-            discovery=disc, scheduler=sched, index=index, leases=replica_leases,
-            # The scheduler's per-pod speeds learn from answers and restores (an injected scheduler may
-            # have none: then the configured figures stay).
-            speeds=getattr(sched, "speeds", None)))
+            discovery=disc, scheduler=sched, index=index, leases=replica_leases))
         await health.check()
         watcher = asyncio.create_task(health.run(), name="index-health")
         await disc.start()

@@ -184,6 +184,8 @@ class FakeFleet:
 class FirstEndpointScheduler:
     """Always the first endpoint (by URL) and its first idle slot; records releases."""
 
+    speeds = None  # learns nothing
+
     def __init__(self) -> None:
         self.released: list[Decision] = []
         self.scheduled: list[Decision] = []

@@ -21,6 +21,8 @@ from tests.router.scheduling.fakes import MODEL, chain, endpoint, prompt, slot
 
 @dataclass
 class _NoLeases:
+    speeds = None
+
     released: int = 0
 
     async def schedule(self, req: object, endpoints: object) -> Decision:

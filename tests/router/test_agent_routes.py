@@ -24,6 +24,8 @@ COUNT = {"model": "tiny", "messages": [{"role": "user", "content": "hello"}]}
 class NeverScheduler:
     """Fails the test if anything asks it for a slot."""
 
+    speeds = None
+
     def __init__(self) -> None:
         self.asked: list[str] = []
 

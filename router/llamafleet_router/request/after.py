@@ -31,6 +31,9 @@ class SchedulerLike(Protocol):
     """What the app needs of `scheduling.scheduler.Scheduler`. Its `schedule` already runs the plugins'
     `on_decision` hooks (session affinity) synchronously, so the app does not call them again."""
 
+    @property
+    def speeds(self) -> SpeedBook | None: ...  # learned per pod; None: the configured figures stay
+
     async def schedule(self, req: SchedRequest, endpoints: Sequence[EndpointState]) -> Decision: ...
 
     async def release(self, decision: Decision) -> None: ...

@@ -21,7 +21,6 @@ from llamafleet_router.request.after import AfterResponse, SchedulerLike
 from llamafleet_router.request.claim import Claims
 from llamafleet_router.request.director import Director, Upstream
 from llamafleet_router.request.lender import SlotLender
-from llamafleet_router.scheduling.speeds import SpeedBook
 from llamafleet_router.snapshots import SnapshotConfig, SnapshotFlow, SnapshotMetrics
 
 
@@ -43,10 +42,12 @@ class Fixed:
 
 def assemble(
     fixed: Fixed, *, upstream: Upstream, discovery: Discovery, scheduler: SchedulerLike, index: PrefixIndex,
-    leases: ReplicaLeases | None, speeds: SpeedBook | None,
+    leases: ReplicaLeases | None,
 ) -> Director:
     """The director over the running collaborators. `leases`: the replica's, when the app built the
-    scheduler itself; `speeds`: the scheduler's learned per-pod speeds, when it has them."""
+    scheduler itself. The scheduler's learned per-pod speeds, when it has them, learn from answers and
+    restores too."""
+    speeds = scheduler.speeds
     after = AfterResponse(index=index, scheduler=scheduler, metrics=fixed.metrics, health=fixed.health,
                           block_chars=fixed.block_chars, chars_per_token=fixed.chars_per_token, speeds=speeds)
     claims = Claims(in_flight=fixed.in_flight, tasks=fixed.tasks, release_lease=after.release, leases=leases)
