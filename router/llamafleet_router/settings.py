@@ -7,7 +7,6 @@ comment, which is its documentation.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -20,33 +19,10 @@ from llamafleet_core.prefix.hashing import prefix_key_bytes
 from llamafleet_core.settings_support import ModelFleetList, NetworkList, RedisUrl, secret_text
 from llamafleet_router.access.limits import PerKey
 from llamafleet_router.access.tenancy import parse_key_groups
+from llamafleet_router.discovery.pod_spec import PodSpec
 
 #: What `extra_fields` may name: a JSON field name as llama-server spells its own.
 FIELD_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.]{0,63}")
-
-
-@dataclass(frozen=True, slots=True)
-class PodSpec:
-    """One statically configured pod: `url`, `url|agent_url`, or `url|agent_url|attach` for a pod whose
-    llama-server runs with the patched `--slot-attach` (an empty agent_url is allowed: `url||attach`)."""
-
-    url: str
-    agent_url: str | None = None
-    attach: bool = False
-    fleet: str | None = None  # `namespace/name` with membership discovery; static pods have none
-
-    @classmethod
-    def parse(cls, text: str) -> PodSpec:
-        url, _, rest = text.strip().partition("|")
-        agent, _, flag = rest.partition("|")
-        url, agent, flag = url.strip().rstrip("/"), agent.strip().rstrip("/"), flag.strip()
-        if not url.startswith(("http://", "https://")):
-            raise ValueError(f"pod URL must start with http:// or https://: {url!r}")
-        if agent and not agent.startswith(("http://", "https://")):
-            raise ValueError(f"agent URL must start with http:// or https://: {agent!r}")
-        if flag not in ("", "attach"):
-            raise ValueError(f"the third field of a pod may only be `attach`: {flag!r}")
-        return cls(url, agent or None, flag == "attach")
 
 
 class RouterSettings(BaseSettings):

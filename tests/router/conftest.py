@@ -12,8 +12,9 @@ from starlette.applications import Starlette
 
 from llamafleet_core.index.memory import InMemoryPrefixIndex, InMemorySlotLeases
 from llamafleet_router.app import create_app
+from llamafleet_router.discovery.pod_spec import PodSpec
 from llamafleet_router.discovery.static import StaticDiscovery
-from llamafleet_router.settings import PodSpec, RouterSettings
+from llamafleet_router.settings import RouterSettings
 from tests.router.fakes import FakeFleet, FakePod
 
 POD_A = "http://pod-a:8080"

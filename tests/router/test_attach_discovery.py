@@ -12,9 +12,10 @@ import redis.asyncio as aioredis
 
 from llamafleet_core.membership import Member, write_members
 from llamafleet_router.discovery.membership import MembershipDiscovery, wanted_specs
+from llamafleet_router.discovery.pod_spec import PodSpec
 from llamafleet_router.discovery.static import StaticDiscovery
 from llamafleet_router.inprocess import app_client
-from llamafleet_router.settings import PodSpec, RouterSettings
+from llamafleet_router.settings import RouterSettings
 from tests.router.fakes import FakeFleet, FakePod
 
 

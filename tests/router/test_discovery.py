@@ -9,8 +9,8 @@ import httpx
 from llamafleet_core.index.memory import InMemoryPrefixIndex
 from llamafleet_core.types import PodRef, SlotRef, SnapshotRef
 from llamafleet_router.discovery.base import PodProps, model_name
+from llamafleet_router.discovery.pod_spec import PodSpec
 from llamafleet_router.discovery.static import StaticDiscovery
-from llamafleet_router.settings import PodSpec
 from tests.router.fakes import FakeFleet, FakePod
 
 URL = "http://pod-x:8080"

@@ -12,8 +12,9 @@ from llamafleet_core.types import PodRef
 from llamafleet_local.redis_server import RedisServer
 from llamafleet_router.discovery.base import Discovery
 from llamafleet_router.discovery.membership import MembershipDiscovery, parse_fleet, wanted_specs
+from llamafleet_router.discovery.pod_spec import PodSpec
 from llamafleet_router.discovery.static import StaticDiscovery
-from llamafleet_router.settings import PodSpec, RouterSettings
+from llamafleet_router.settings import RouterSettings
 from tests.router.fakes import FakeFleet, FakePod
 
 

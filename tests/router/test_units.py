@@ -11,11 +11,12 @@ from pydantic import ValidationError
 
 from llamafleet_router.access.auth import ApiKeys, authenticate, parse_key_lines
 from llamafleet_router.api.anthropic import to_chat_body
+from llamafleet_router.discovery.pod_spec import PodSpec
 from llamafleet_router.errors import ApiError
 from llamafleet_router.inprocess import app_client
 from llamafleet_router.proxy.sse import SSETap, Stats, stats_from
 from llamafleet_router.request.after import judge
-from llamafleet_router.settings import PodSpec, RouterSettings
+from llamafleet_router.settings import RouterSettings
 from tests.router.fakes import sse_chunks
 
 

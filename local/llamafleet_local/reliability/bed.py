@@ -31,7 +31,7 @@ from llamafleet_local.up import FleetConfig, LocalFleet, UpOptions, parse_docume
 from llamafleet_local.up.pods import LocalPod
 from llamafleet_local.up.progress import Reporter
 from llamafleet_local.up.supervise import FleetFailed
-from llamafleet_router.settings import PodSpec
+from llamafleet_router.discovery.pod_spec import PodSpec
 from llamafleet_router.snapshots import SnapshotConfig
 
 T = TypeVar("T")

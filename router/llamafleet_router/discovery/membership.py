@@ -33,10 +33,10 @@ from llamafleet_core.membership import DEFAULT_PREFIX, Member, fleet_id, list_fl
 from llamafleet_router.background import cancel_and_wait
 from llamafleet_router.discovery.addresses import MemberGate
 from llamafleet_router.discovery.base import FenceHook, PodStatus
+from llamafleet_router.discovery.pod_spec import PodSpec
 from llamafleet_router.discovery.signatures import SignatureGate
 from llamafleet_router.discovery.static import StaticDiscovery
 from llamafleet_router.proxy.gone import GoneSignal
-from llamafleet_router.settings import PodSpec
 
 log = logging.getLogger(__name__)
 

@@ -35,8 +35,8 @@ from llamafleet_core.llama_client import LlamaClient, LlamaError
 from llamafleet_core.types import Endpoint, PodRef
 from llamafleet_router.background import cancel_and_wait
 from llamafleet_router.discovery.base import FenceHook, PodProps, PodStatus
+from llamafleet_router.discovery.pod_spec import PodSpec
 from llamafleet_router.proxy.gone import GoneSignal
-from llamafleet_router.settings import PodSpec
 
 log = logging.getLogger(__name__)
 
