@@ -13,9 +13,9 @@ import httpx
 import pytest
 import yaml
 
-from llamafleet_local import hermes
-from llamafleet_local.hermes import EXTRA_PACKAGES, MARKER, HermesClient, HermesInstall, install
-from llamafleet_local.hermes_capture import CaptureServer
+from llamafleet_testbed import hermes
+from llamafleet_testbed.hermes import EXTRA_PACKAGES, MARKER, HermesClient, HermesInstall, install
+from llamafleet_testbed.hermes_capture import CaptureServer
 
 
 def test_the_capture_server_answers_like_an_openai_server_and_records_every_request() -> None:

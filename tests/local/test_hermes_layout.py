@@ -9,8 +9,8 @@ import re
 
 import pytest
 
-from llamafleet_local.hermes import HERMES_VERSION
-from llamafleet_local.hermes_layout import (
+from llamafleet_testbed.hermes import HERMES_VERSION
+from llamafleet_testbed.hermes_layout import (
     NEUTRAL_HOME,
     LayoutChanged,
     fill_all,
@@ -19,7 +19,7 @@ from llamafleet_local.hermes_layout import (
     layout_from_request,
     load_layout,
 )
-from llamafleet_local.workload import WorkloadSpec, next_day
+from llamafleet_testbed.workload import WorkloadSpec, next_day
 
 SPEC = WorkloadSpec(workspace="/home/dev/projects/service", day=dt.date(2026, 12, 1))
 

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from llamafleet_core.agent_client import AgentClient, AgentError
-from llamafleet_local.reliability.bed import PREFIX, fleet_config, kill, running_fleet, until
+from llamafleet_testbed.reliability.bed import PREFIX, fleet_config, kill, running_fleet, until
 from llamafleet_local.up import LocalFleet, UpOptions
 from llamafleet_local.up.progress import Reporter
 

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from llamafleet_local.workload import (
+from llamafleet_testbed.workload import (
     LAYOUTS,
     WorkloadSpec,
     make_profile,

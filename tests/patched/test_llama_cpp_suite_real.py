@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from llamafleet_local.llama_build import source_dir
+from llamafleet_testbed.llama_build import source_dir
 from llamafleet_local.redis_server import free_port
 from tests.fixtures.llama import TinyModels
 

@@ -26,7 +26,7 @@ import yaml
 
 from llamafleet_core.agent_tokens import AgentTokens, namespace_token
 from llamafleet_core.crd.models import LlamaFleetSpec
-from llamafleet_local import helm
+from llamafleet_testbed import helm
 from llamafleet_operator.reconcile.admission import AdmissionPolicy, violations
 from llamafleet_operator.settings import OperatorSettings
 from tests.chart.admission_policy import RenderedPolicy

@@ -21,7 +21,7 @@ import pytest
 from pydantic import SecretStr
 
 from llamafleet_core.index.memory import InMemoryPrefixIndex, InMemorySlotLeases
-from llamafleet_local import helm as tools
+from llamafleet_testbed import helm as tools
 from llamafleet_local.redis_server import free_port
 from llamafleet_router.settings import RouterSettings
 from tests.chart.conftest import Helm, Manifest, by_kind, one, pod_spec

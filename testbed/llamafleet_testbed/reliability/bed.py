@@ -25,8 +25,8 @@ import httpx
 from llamafleet_core.index.base import IndexUnavailable
 from llamafleet_core.prefix import ChatTemplate, chat_identity, prefix_key_bytes
 from llamafleet_core.types import SlotRef
-from llamafleet_local.reliability.client import QUESTIONS, chat_body
-from llamafleet_local.reliability.outcome import SUCCEEDED, ScenarioResult, Sent, agreement, parse_json
+from llamafleet_testbed.reliability.client import QUESTIONS, chat_body
+from llamafleet_testbed.reliability.outcome import SUCCEEDED, ScenarioResult, Sent, agreement, parse_json
 from llamafleet_local.up import FleetConfig, LocalFleet, UpOptions, parse_documents
 from llamafleet_local.up.pods import LocalPod
 from llamafleet_local.up.progress import Reporter

@@ -15,8 +15,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from llamafleet_local.reliability.outcome import ScenarioResult, report, table
-from llamafleet_local.reliability.run import SCENARIOS, meta, run_all
+from llamafleet_testbed.reliability.outcome import ScenarioResult, report, table
+from llamafleet_testbed.reliability.run import SCENARIOS, meta, run_all
 
 DEFAULT_OUT = Path("bench/results/reliability.json")
 

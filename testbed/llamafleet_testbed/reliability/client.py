@@ -21,7 +21,7 @@ from typing import Any
 
 import httpx
 
-from llamafleet_local.reliability.outcome import Sent, parse_json, parse_sse
+from llamafleet_testbed.reliability.outcome import Sent, parse_json, parse_sse
 
 QUESTIONS = (
     "Which file defines the scheduler?", "List the failing tests.", "Summarize the last commit.",

@@ -1,5 +1,5 @@
 """Capturing what Hermes Agent sends: a stand-in inference server, and the command that refreshes the
-committed layout (`python -m llamafleet_local.hermes_capture local/llamafleet_local/hermes_layout.json`).
+committed layout (`python -m llamafleet_testbed.hermes_capture testbed/llamafleet_testbed/hermes_layout.json`).
 
 `CaptureServer` listens on 127.0.0.1 (an ephemeral port) in a thread of its own and answers what Hermes
 asks at the start of a session: `POST /api/show` (Ollama's model info: 404, as an OpenAI-compatible
@@ -28,8 +28,8 @@ from types import TracebackType
 from typing import Any
 
 from llamafleet_local.cache import log
-from llamafleet_local.hermes import HermesClient, HermesError, HermesInstall, git_workspace, install
-from llamafleet_local.hermes_layout import layout_from_request
+from llamafleet_testbed.hermes import HermesClient, HermesError, HermesInstall, git_workspace, install
+from llamafleet_testbed.hermes_layout import layout_from_request
 
 
 @dataclass(frozen=True)
@@ -196,9 +196,9 @@ def capture(install: HermesInstall, *, question: str = "What is 2+2?", model: st
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m llamafleet_local.hermes_capture OUT.json`: install Hermes (or reuse the cached one),
+    """`python -m llamafleet_testbed.hermes_capture OUT.json`: install Hermes (or reuse the cached one),
     capture one session's request and write it as a layout file."""
-    parser = argparse.ArgumentParser(prog="python -m llamafleet_local.hermes_capture",
+    parser = argparse.ArgumentParser(prog="python -m llamafleet_testbed.hermes_capture",
                                      description="capture one Hermes Agent request as a layout JSON file")
     parser.add_argument("out", type=Path)
     parser.add_argument("--question", default="What is 2+2?")

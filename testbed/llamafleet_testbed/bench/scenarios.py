@@ -14,8 +14,8 @@ from typing import Any
 
 import httpx
 
-from llamafleet_local.bench.client import Reply, stream_chat
-from llamafleet_local.workload import AgentProfile, SessionPlan, user_question
+from llamafleet_testbed.bench.client import Reply, stream_chat
+from llamafleet_testbed.workload import AgentProfile, SessionPlan, user_question
 
 FIRST_TOKENS = 64  # session 1 keeps generating while sessions 2 and 3 arrive
 LATER_TOKENS = 32

@@ -1,7 +1,7 @@
 """Hermes Agent's real request layout, replayed without running Hermes.
 
 `hermes_layout.json` (next to this module) holds one request Hermes sent at the start of a session,
-captured by `python -m llamafleet_local.hermes_capture OUT.json`: its tools verbatim and its system
+captured by `python -m llamafleet_testbed.hermes_capture OUT.json`: its tools verbatim and its system
 prompt, with what varies per machine, user, folder and day replaced by placeholders `{{llamafleet:NAME}}`
 (`PLACEHOLDERS`). `hermes_profile(spec, model=...)` fills them for one workspace and one day, so
 `next_day(spec)` gives the next day's prefix exactly as Hermes would send it. Neutral values stand in for
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
-from llamafleet_local.workload import AgentProfile, WorkloadSpec
+from llamafleet_testbed.workload import AgentProfile, WorkloadSpec
 
 LAYOUT_FILE = "hermes_layout.json"
 PLACEHOLDERS = ("kernel", "home", "cwd", "hermes_home", "date", "model", "provider")
@@ -68,7 +68,7 @@ class ClientProfile(AgentProfile):
 
 def load_layout() -> dict[str, Any]:
     """The committed capture (package data)."""
-    text = resources.files("llamafleet_local").joinpath(LAYOUT_FILE).read_text(encoding="utf-8")
+    text = resources.files("llamafleet_testbed").joinpath(LAYOUT_FILE).read_text(encoding="utf-8")
     layout: dict[str, Any] = json.loads(text)
     return layout
 

@@ -1,6 +1,6 @@
 """`llamafleet bench`: the measurements that reproduce the seed table on one machine.
 
-- `workload` (in `llamafleet_local.workload`): the agent requests;
+- `workload` (in `llamafleet_testbed.workload`): the agent requests;
 - `client`: one streamed request, TTFT at the first content event;
 - `setups`: (a) plain llama-server, (b) sglang-router cache-aware over plain pods, (c) `LocalFleet`;
 - `scenarios`: three concurrent sessions, later day after restarts, the mixed 50-session workload;
@@ -8,6 +8,6 @@
 - `cli.main`: `llamafleet bench seed-table`.
 """
 
-from llamafleet_local.bench.cli import main
+from llamafleet_testbed.bench.cli import main
 
 __all__ = ["main"]

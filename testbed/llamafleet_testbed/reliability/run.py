@@ -8,11 +8,11 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from llamafleet_local.reliability.bed import Bed, running_fleet
-from llamafleet_local.reliability.faults import hang_pod, kill_redis, kill_server
-from llamafleet_local.reliability.outcome import ScenarioResult
-from llamafleet_local.reliability.replicas import kill_gateway
-from llamafleet_local.reliability.snapshots import bad_snapshots, kill_agent
+from llamafleet_testbed.reliability.bed import Bed, running_fleet
+from llamafleet_testbed.reliability.faults import hang_pod, kill_redis, kill_server
+from llamafleet_testbed.reliability.outcome import ScenarioResult
+from llamafleet_testbed.reliability.replicas import kill_gateway
+from llamafleet_testbed.reliability.snapshots import bad_snapshots, kill_agent
 
 Scenario = Callable[[Bed], Awaitable[ScenarioResult]]
 

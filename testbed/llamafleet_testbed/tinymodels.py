@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from llamafleet_local.cache import cache_root, log
-from llamafleet_local.llama_build import source_dir
+from llamafleet_testbed.llama_build import source_dir
 
 # Bump when the writer changes in a way the hyper-parameters do not show (names, init, key set).
 RECIPE_VERSION = 1

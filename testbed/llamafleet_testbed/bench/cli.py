@@ -18,10 +18,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from llamafleet_local.bench import report
-from llamafleet_local.bench.run import Plan, run_model
-from llamafleet_local.bench.setups import SETUPS
-from llamafleet_local.named_models import NAMED_MODELS
+from llamafleet_testbed.bench import report
+from llamafleet_testbed.bench.run import Plan, run_model
+from llamafleet_testbed.bench.setups import SETUPS
+from llamafleet_testbed.named_models import NAMED_MODELS
 
 QUICK = {"repeats": 1, "sizes": (6_000, 12_000), "mixed_sessions": 16, "mixed_prefix_chars": 8_000}
 
@@ -55,7 +55,7 @@ async def seed_table(plan: Plan, out: Path, run_dir: Path, *, real_client: bool 
     for model in plan.models:
         raw["models"][model] = await run_model(model, plan, run_dir, say)
     if real_client:  # the same rows on a real agent client's requests (bench/later_days.py)
-        from llamafleet_local.bench import later_days, later_days_report
+        from llamafleet_testbed.bench import later_days, later_days_report
 
         raw["real_client"] = await later_days.later_days(plan.models, run_dir / "real-client", say)
         raw["real_client"]["ratios"] = later_days_report.ratios(raw["real_client"])
@@ -65,7 +65,7 @@ async def seed_table(plan: Plan, out: Path, run_dir: Path, *, real_client: bool 
 
 def write(raw: dict[str, Any], out: Path, stem: str = "seed_table") -> str:
     """Table, targets, JSON and plots from `raw`; returns the markdown."""
-    from llamafleet_local.bench import plots
+    from llamafleet_testbed.bench import plots
 
     out.mkdir(parents=True, exist_ok=True)
     summary = report.summarize(raw)
@@ -87,7 +87,7 @@ def write(raw: dict[str, Any], out: Path, stem: str = "seed_table") -> str:
 def _real_client_section(raw: dict[str, Any]) -> list[str]:
     if "real_client" not in raw:
         return []
-    from llamafleet_local.bench import later_days_report
+    from llamafleet_testbed.bench import later_days_report
 
     return ["The real client's layout (Hermes Agent's captured requests: 18 tools and its system prompt, the "
             "date three lines before the head's end), one run each; plain is one llama-server with the "
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     args_in = list(sys.argv[1:] if argv is None else argv)
     if args_in[:1] == ["reliability"]:
         # `llamafleet bench reliability` is `llamafleet reliability`: the fault scenarios' figures.
-        from llamafleet_local.reliability.cli import main as reliability_main
+        from llamafleet_testbed.reliability.cli import main as reliability_main
 
         return reliability_main(args_in[1:])
     parser = argparse.ArgumentParser(prog="llamafleet bench", description=__doc__.splitlines()[0],
@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--run-dir", type=Path, default=None, help="process logs (default runs/later-days-<time>)")
     args = parser.parse_args(args_in)
     if args.command == "later-days":
-        from llamafleet_local.bench import later_days
+        from llamafleet_testbed.bench import later_days
 
         models = model_names(args.models)
         run_dir = (args.run_dir or Path("runs") / time.strftime("later-days-%Y%m%d-%H%M%S")).resolve()

@@ -22,13 +22,13 @@ from typing import Any
 
 import httpx
 
-from llamafleet_local.bench import scenarios as sc
-from llamafleet_local.bench.client import Reply, stream_chat
-from llamafleet_local.bench.setups import BASELINE_FLASH_ATTENTION, Fleet, PlainPods
-from llamafleet_local.bench.stats import restore_records
+from llamafleet_testbed.bench import scenarios as sc
+from llamafleet_testbed.bench.client import Reply, stream_chat
+from llamafleet_testbed.bench.setups import BASELINE_FLASH_ATTENTION, Fleet, PlainPods
+from llamafleet_testbed.bench.stats import restore_records
 from llamafleet_local.up.config import FleetConfig, parse_documents
 from llamafleet_local.up.resolve import Resolved, resolve
-from llamafleet_local.workload import (
+from llamafleet_testbed.workload import (
     PREFIX_TOKENS,
     AgentProfile,
     WorkloadSpec,
@@ -207,7 +207,7 @@ def _snapshot_files(setup: PlainPods | Fleet) -> list[dict[str, Any]]:
 
 async def minimum_for(server: str, plan: Plan, model: str) -> int:
     """Prefill tokens a perfect cache would compute for the mixed workload (the token trie's size)."""
-    from llamafleet_local.bench.stats import minimum_prefill
+    from llamafleet_testbed.bench.stats import minimum_prefill
 
     prompts: list[list[int]] = []
     async with httpx.AsyncClient(timeout=120.0) as http:
@@ -306,8 +306,8 @@ async def cold_reference(resolved: Resolved, folder: Path, profiles: Profiles, m
 
 
 def _kv(model: str) -> dict[str, Any]:
-    from llamafleet_local.bench.stats import kv_shape
-    from llamafleet_local.tinymodels import RECIPES
+    from llamafleet_testbed.bench.stats import kv_shape
+    from llamafleet_testbed.tinymodels import RECIPES
 
     r = RECIPES[model]
     shape = kv_shape(r.arch, r.n_layer, r.n_embd, r.n_head, r.n_head_kv, head_dim=r.head_dim,

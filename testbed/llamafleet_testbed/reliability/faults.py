@@ -14,9 +14,9 @@ from collections.abc import Callable
 from typing import Any
 
 from llamafleet_core.index.base import IndexUnavailable
-from llamafleet_local.reliability.bed import PREFIX, Bed, kill, until
-from llamafleet_local.reliability.client import QUESTIONS, Load
-from llamafleet_local.reliability.outcome import STALE_CONNECTION, SUCCEEDED, ScenarioResult, Sent
+from llamafleet_testbed.reliability.bed import PREFIX, Bed, kill, until
+from llamafleet_testbed.reliability.client import QUESTIONS, Load
+from llamafleet_testbed.reliability.outcome import STALE_CONNECTION, SUCCEEDED, ScenarioResult, Sent
 
 STREAM_TOKENS = 200  # ~1.5 s per stream on the tiny model: a kill lands mid-answer, not after it
 REFERENCE_TOKENS = 48  # the cold answers restored ones are compared with (by their start)

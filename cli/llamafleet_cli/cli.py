@@ -17,12 +17,12 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "agent": ("llamafleet_agent.cli", "run the snapshot agent beside one llama-server"),
     "operator": ("llamafleet_operator.cli", "run the Kubernetes operator (LlamaFleet, SharedPrefix)"),
     "up": ("llamafleet_local.up", "run a FLEET.yaml (index, llama-server + agent pods, gateway) locally"),
-    "demo": ("llamafleet_local.demo", "replay agent sessions through a local fleet and a plain llama-server"),
-    "bench": ("llamafleet_local.bench", "the seed table: llamafleet against llama-server and sglang-router"),
-    "build-server": ("llamafleet_local.llama_build", "build (or find) the llama-server binary"),
-    "models": ("llamafleet_local.named_models", "write (or find) the tiny models; fetch the real ones"),
-    "helm": ("llamafleet_local.helm", "fetch (or find) the helm, kubectl and hadolint binaries"),
-    "reliability": ("llamafleet_local.reliability", "run the fault scenarios and print their figures"),
+    "demo": ("llamafleet_testbed.demo", "replay agent sessions through a local fleet and a plain llama-server"),
+    "bench": ("llamafleet_testbed.bench", "the seed table: llamafleet against llama-server and sglang-router"),
+    "build-server": ("llamafleet_testbed.llama_build", "build (or find) the llama-server binary"),
+    "models": ("llamafleet_testbed.named_models", "write (or find) the tiny models; fetch the real ones"),
+    "helm": ("llamafleet_testbed.helm", "fetch (or find) the helm, kubectl and hadolint binaries"),
+    "reliability": ("llamafleet_testbed.reliability", "run the fault scenarios and print their figures"),
 }
 
 

@@ -7,7 +7,7 @@ project's cache and reuses it once its marker file is there. `HermesClient.chat(
 faked date (libfaketime moves the clock of the Hermes process only), with a HERMES_HOME of its own that
 keeps Hermes off the network.
 
-`python -m llamafleet_local.hermes_capture OUT.json` runs one session against a capture server and
+`python -m llamafleet_testbed.hermes_capture OUT.json` runs one session against a capture server and
 writes the layout that `hermes_layout` replays, to refresh the committed one for a newer Hermes.
 """
 

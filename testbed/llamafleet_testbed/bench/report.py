@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from llamafleet_local.bench.setups import LABELS, SETUPS
-from llamafleet_local.bench.stats import Spread, agreement, fmt_ratio, ratio, restore_figures, share
+from llamafleet_testbed.bench.setups import LABELS, SETUPS
+from llamafleet_testbed.bench.stats import Spread, agreement, fmt_ratio, ratio, restore_figures, share
 
 MIB = 1024 * 1024
 COLD_SHARE = 0.05  # a reference reply counts as cold when it reused at most this share of its prompt

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from llamafleet_local.bench.setups import LABELS, SETUPS
+from llamafleet_testbed.bench.setups import LABELS, SETUPS
 
 
 def _pyplot() -> Any:

@@ -25,14 +25,14 @@ from pathlib import Path
 
 import httpx
 
-from llamafleet_local.bench import scenarios as sc
-from llamafleet_local.bench.client import Reply, stream_chat
-from llamafleet_local.bench.setups import Fleet, PlainPods
-from llamafleet_local.named_models import NAMED_MODELS, ensure_named_model
-from llamafleet_local.real_models import RealModelError
+from llamafleet_testbed.bench import scenarios as sc
+from llamafleet_testbed.bench.client import Reply, stream_chat
+from llamafleet_testbed.bench.setups import Fleet, PlainPods
+from llamafleet_testbed.named_models import NAMED_MODELS, ensure_named_model
+from llamafleet_testbed.real_models import RealModelError
 from llamafleet_local.up.config import ConfigError, FleetConfig, load_fleet
 from llamafleet_local.up.contexts import trained_context
-from llamafleet_local.workload import WorkloadSpec, make_profile, next_day
+from llamafleet_testbed.workload import WorkloadSpec, make_profile, next_day
 
 SESSIONS = ("1st", "2nd (concurrent)", "3rd (concurrent)", "next day")
 DEFAULT_PREFIX_CHARS = 70_000  # about 14K tokens
@@ -132,7 +132,7 @@ async def run(config: FleetConfig, fleet_file: Path, out: Path, prefix_chars: in
     third = theirs[2].ttft_s / max(ours[2].ttft_s, 1e-9)
     day = theirs[3].ttft_s / max(ours[3].ttft_s, 1e-9)
     print(f"\n3rd concurrent session: {third:.1f}x faster to first token; next day: {day:.1f}x.")
-    from llamafleet_local.bench.plots import session_ttfts
+    from llamafleet_testbed.bench.plots import session_ttfts
 
     plot = session_ttfts([(setup, s, r.ttft_s) for setup, s, r in rows], out / "ttft.png",
                          f"{model}: time to first token per session")

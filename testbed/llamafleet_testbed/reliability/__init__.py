@@ -9,8 +9,8 @@
 - `run`: scenarios by name, each on its own fleet; `cli.main`: `llamafleet reliability`.
 """
 
-from llamafleet_local.reliability.cli import main
-from llamafleet_local.reliability.outcome import ScenarioResult, Sent, table
-from llamafleet_local.reliability.run import SCENARIOS, run_all, run_scenario
+from llamafleet_testbed.reliability.cli import main
+from llamafleet_testbed.reliability.outcome import ScenarioResult, Sent, table
+from llamafleet_testbed.reliability.run import SCENARIOS, run_all, run_scenario
 
 __all__ = ["SCENARIOS", "ScenarioResult", "Sent", "main", "run_all", "run_scenario", "table"]

@@ -18,10 +18,10 @@ from llamafleet_core.llama_client import LlamaClient
 from llamafleet_core.snapshot import SnapshotManifest
 from llamafleet_core.snapshot_signing import manifest_key, sign_manifest
 from llamafleet_core.types import SlotRef
-from llamafleet_local.reliability.bed import PREFIX, Bed, kill, until
-from llamafleet_local.reliability.client import QUESTIONS, chat_body, send
-from llamafleet_local.reliability.link import SlowLink
-from llamafleet_local.reliability.outcome import SUCCEEDED, ScenarioResult, Sent, agreement
+from llamafleet_testbed.reliability.bed import PREFIX, Bed, kill, until
+from llamafleet_testbed.reliability.client import QUESTIONS, chat_body, send
+from llamafleet_testbed.reliability.link import SlowLink
+from llamafleet_testbed.reliability.outcome import SUCCEEDED, ScenarioResult, Sent, agreement
 
 KILL_AFTER_BYTES = 64 * 1024  # of the snapshot file relayed to the puller when its source is killed
 OTHER_REPLICA = "reliability-other-replica"  # holds a pod's slots, as another gateway replica would
