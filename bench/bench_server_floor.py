@@ -36,9 +36,9 @@ from typing import Any
 
 import httpx
 
+from llamafleet_local.redis_server import free_port
 from llamafleet_testbed.bench.run import Plan, prefix_tokens_on
 from llamafleet_testbed.llama_build import build
-from llamafleet_local.redis_server import free_port
 from llamafleet_testbed.tinymodels import ensure_model
 from llamafleet_testbed.workload import (
     PREFIX_TOKENS,

@@ -1,7 +1,8 @@
 """The `llamafleet` command: a thin shell that dispatches to each component's own `main(argv)`.
 
 Components are imported only when their subcommand runs, so `llamafleet agent` in a pod never imports
-the router or kopf, and the import rules between components hold at run time too.
+the router or kopf, and the import rules between components hold at run time too. A subcommand whose
+package is not installed (the test bed's, in the pod image) says so in one line and exits 2.
 """
 
 from __future__ import annotations
@@ -17,8 +18,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "agent": ("llamafleet_agent.cli", "run the snapshot agent beside one llama-server"),
     "operator": ("llamafleet_operator.cli", "run the Kubernetes operator (LlamaFleet, SharedPrefix)"),
     "up": ("llamafleet_local.up", "run a FLEET.yaml (index, llama-server + agent pods, gateway) locally"),
-    "demo": ("llamafleet_testbed.demo", "replay agent sessions through a local fleet and a plain llama-server"),
-    "bench": ("llamafleet_testbed.bench", "the seed table: llamafleet against llama-server and sglang-router"),
+    # The test bed's (llamafleet-testbed, a distribution of its own: absent from the pod image)
+    "demo": ("llamafleet_testbed.demo",
+             "replay agent sessions through a local fleet and a plain llama-server"),
+    "bench": ("llamafleet_testbed.bench",
+              "the seed table: llamafleet against llama-server and sglang-router"),
     "build-server": ("llamafleet_testbed.llama_build", "build (or find) the llama-server binary"),
     "models": ("llamafleet_testbed.named_models", "write (or find) the tiny models; fetch the real ones"),
     "helm": ("llamafleet_testbed.helm", "fetch (or find) the helm, kubectl and hadolint binaries"),

@@ -25,13 +25,13 @@ from pathlib import Path
 
 import httpx
 
+from llamafleet_local.up.config import ConfigError, FleetConfig, load_fleet
+from llamafleet_local.up.contexts import trained_context
 from llamafleet_testbed.bench import scenarios as sc
 from llamafleet_testbed.bench.client import Reply, stream_chat
 from llamafleet_testbed.bench.setups import Fleet, PlainPods
 from llamafleet_testbed.named_models import NAMED_MODELS, ensure_named_model
 from llamafleet_testbed.real_models import RealModelError
-from llamafleet_local.up.config import ConfigError, FleetConfig, load_fleet
-from llamafleet_local.up.contexts import trained_context
 from llamafleet_testbed.workload import WorkloadSpec, make_profile, next_day
 
 SESSIONS = ("1st", "2nd (concurrent)", "3rd (concurrent)", "next day")

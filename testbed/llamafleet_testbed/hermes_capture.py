@@ -1,5 +1,6 @@
 """Capturing what Hermes Agent sends: a stand-in inference server, and the command that refreshes the
-committed layout (`python -m llamafleet_testbed.hermes_capture testbed/llamafleet_testbed/hermes_layout.json`).
+committed layout (`python -m llamafleet_testbed.hermes_capture
+testbed/llamafleet_testbed/hermes_layout.json`).
 
 `CaptureServer` listens on 127.0.0.1 (an ephemeral port) in a thread of its own and answers what Hermes
 asks at the start of a session: `POST /api/show` (Ollama's model info: 404, as an OpenAI-compatible

@@ -32,11 +32,11 @@ from typing import Any
 
 import pytest
 
+from llamafleet_local.up import LocalFleet, load_fleet
 from llamafleet_testbed.bench.scenarios import prompt_tokens_processed
 from llamafleet_testbed.bench.setups import Fleet
 from llamafleet_testbed.hermes import HermesClient, SessionResult, git_workspace, install
 from llamafleet_testbed.reliability.bed import until
-from llamafleet_local.up import LocalFleet, load_fleet
 
 pytestmark = [pytest.mark.slow, pytest.mark.llama, pytest.mark.redis]
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from llamafleet_local.up.config import load_fleet
 from llamafleet_testbed.bench.cli import model_names
 from llamafleet_testbed.demo import DEFAULT_PREFIX_CHARS, fitting_prefix_chars, with_model
-from llamafleet_local.up.config import load_fleet
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "local-fleet.yaml"
 

@@ -32,10 +32,10 @@ from llamafleet_core.membership import Member, write_members
 from llamafleet_core.networks import PRIVATE_NETWORKS, parse_networks
 from llamafleet_core.types import Endpoint, PodRef
 from llamafleet_local.redis_server import free_port
-from llamafleet_testbed.reliability.bed import until
 from llamafleet_router.discovery.addresses import refusal
 from llamafleet_router.discovery.base import PodStatus
 from llamafleet_router.snapshots.peers import peer_agents
+from llamafleet_testbed.reliability.bed import until
 from tests.security.peer_stub import Stub, stub_server
 
 NS = "tenant-a"

@@ -15,8 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from llamafleet_testbed import real_models
 from llamafleet_local.cache import ENV_CACHE
+from llamafleet_local.up.config import FleetConfig, parse_documents
+from llamafleet_local.up.resolve import carries_chat_template, resolve
+from llamafleet_testbed import real_models
 from llamafleet_testbed.named_models import NAMED_MODELS
 from llamafleet_testbed.named_models import main as models_main
 from llamafleet_testbed.real_models import (
@@ -29,8 +31,6 @@ from llamafleet_testbed.real_models import (
     record_digests,
 )
 from llamafleet_testbed.tinymodels import MODEL_NAMES
-from llamafleet_local.up.config import FleetConfig, parse_documents
-from llamafleet_local.up.resolve import carries_chat_template, resolve
 
 
 def _b64(data: bytes) -> str:

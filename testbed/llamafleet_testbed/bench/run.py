@@ -22,12 +22,12 @@ from typing import Any
 
 import httpx
 
+from llamafleet_local.up.config import FleetConfig, parse_documents
+from llamafleet_local.up.resolve import Resolved, resolve
 from llamafleet_testbed.bench import scenarios as sc
 from llamafleet_testbed.bench.client import Reply, stream_chat
 from llamafleet_testbed.bench.setups import BASELINE_FLASH_ATTENTION, Fleet, PlainPods
 from llamafleet_testbed.bench.stats import restore_records
-from llamafleet_local.up.config import FleetConfig, parse_documents
-from llamafleet_local.up.resolve import Resolved, resolve
 from llamafleet_testbed.workload import (
     PREFIX_TOKENS,
     AgentProfile,

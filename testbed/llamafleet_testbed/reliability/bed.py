@@ -25,14 +25,14 @@ import httpx
 from llamafleet_core.index.base import IndexUnavailable
 from llamafleet_core.prefix import ChatTemplate, chat_identity, prefix_key_bytes
 from llamafleet_core.types import SlotRef
-from llamafleet_testbed.reliability.client import QUESTIONS, chat_body
-from llamafleet_testbed.reliability.outcome import SUCCEEDED, ScenarioResult, Sent, agreement, parse_json
 from llamafleet_local.up import FleetConfig, LocalFleet, UpOptions, parse_documents
 from llamafleet_local.up.pods import LocalPod
 from llamafleet_local.up.progress import Reporter
 from llamafleet_local.up.supervise import FleetFailed
 from llamafleet_router.settings import PodSpec
 from llamafleet_router.snapshots import SnapshotConfig
+from llamafleet_testbed.reliability.client import QUESTIONS, chat_body
+from llamafleet_testbed.reliability.outcome import SUCCEEDED, ScenarioResult, Sent, agreement, parse_json
 
 T = TypeVar("T")
 

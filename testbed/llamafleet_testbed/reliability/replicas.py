@@ -20,10 +20,10 @@ from pathlib import Path
 import yaml
 
 from llamafleet_local.redis_server import free_port
+from llamafleet_router.scheduling.config import DEFAULT_CONFIG
 from llamafleet_testbed.reliability.bed import Bed, kill, until
 from llamafleet_testbed.reliability.client import Load
 from llamafleet_testbed.reliability.outcome import ScenarioResult
-from llamafleet_router.scheduling.config import DEFAULT_CONFIG
 
 ROUTER = [sys.executable, "-m", "llamafleet_cli.cli", "router"]
 LEASE_TTL_S = 4.0  # the second replica's slot leases (the default, 300 s, outlives any test)
