@@ -13,6 +13,7 @@ COPY core core
 COPY router router
 COPY agent agent
 COPY operator operator
+COPY cli cli
 COPY local local
 RUN pip wheel --no-deps --wheel-dir /wheels .
 

@@ -16,10 +16,11 @@ help:
 	@echo "make bench  - the seed table: llamafleet against llama-server and sglang-router (~15 min)"
 	@echo "make reliability - the fault scenarios and their figures (~1 min)"
 
-$(VENV)/.installed: pyproject.toml
+# The test bed (testbed/pyproject.toml) is a distribution of its own, out of the pod image.
+$(VENV)/.installed: pyproject.toml testbed/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -U pip
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev,bench]'
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev,bench]' -e testbed
 	touch $@
 
 venv: $(VENV)/.installed

@@ -41,15 +41,15 @@ from typing import Any
 
 import httpx
 
-from llamafleet_local.bench.client import Reply, stream_chat
-from llamafleet_local.bench.run import prefix_tokens_on
-from llamafleet_local.bench.scenarios import three_bodies, three_sessions
-from llamafleet_local.bench.stats import agreement, share
-from llamafleet_local.hermes_layout import hermes_profile
-from llamafleet_local.llama_build import build
 from llamafleet_local.llama_process import LlamaServerProcess
-from llamafleet_local.tinymodels import ensure_model
-from llamafleet_local.workload import (
+from llamafleet_testbed.bench.client import Reply, stream_chat
+from llamafleet_testbed.bench.run import prefix_tokens_on
+from llamafleet_testbed.bench.scenarios import three_bodies, three_sessions
+from llamafleet_testbed.bench.stats import agreement, share
+from llamafleet_testbed.hermes_layout import hermes_profile
+from llamafleet_testbed.llama_build import build
+from llamafleet_testbed.tinymodels import ensure_model
+from llamafleet_testbed.workload import (
     AgentProfile,
     WorkloadSpec,
     chars_for_tokens,

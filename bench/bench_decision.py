@@ -44,13 +44,13 @@ from llamafleet_core.index import InMemoryPrefixIndex, InMemorySlotLeases, Prefi
 from llamafleet_core.index.redis_index import RedisPrefixIndex, RedisSlotLeases, connect_index
 from llamafleet_core.prefix import ChatTemplate, TemplateCache, chat_identity
 from llamafleet_core.types import Endpoint, PodRef, SlotRef
-from llamafleet_local.llama_build import source_dir
 from llamafleet_local.redis_server import RedisServer
-from llamafleet_local.workload import WorkloadSpec, make_profile, user_question
 from llamafleet_router.cli import loop_factory
 from llamafleet_router.scheduling.config import default_config
 from llamafleet_router.scheduling.framework import EndpointState, SchedRequest
 from llamafleet_router.scheduling.scheduler import Scheduler
+from llamafleet_testbed.llama_build import source_dir
+from llamafleet_testbed.workload import WorkloadSpec, make_profile, user_question
 
 HERE = Path(__file__).resolve().parent
 MODEL = "bench-model.gguf"

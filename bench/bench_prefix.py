@@ -17,7 +17,7 @@ import time
 from typing import Any
 
 from llamafleet_core.prefix import ChatTemplate, TemplateCache, block_chain, chat_identity
-from llamafleet_local.llama_build import source_dir
+from llamafleet_testbed.llama_build import source_dir
 
 TEMPLATES = ("Qwen3.5-4B.jinja", "Qwen-Qwen3-0.6B.jinja")
 

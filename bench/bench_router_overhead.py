@@ -10,7 +10,7 @@ so machine noise hits all of them alike, and every figure is the median over rou
 minus direct within the same round.
 
 Two prompts: `small` (a system line and a question, ~300 characters) and `agent` (18-ish tool schemas
-and a long system prompt, ~60K characters, from `llamafleet_local.workload`; the gateway renders it with
+and a long system prompt, ~60K characters, from `llamafleet_testbed.workload`; the gateway renders it with
 the model's chat template and hashes it). Two loads:
 
 - `paced`: the stub spreads each stream over `--stream-ms` (a generation in progress), so 64 streams are
@@ -54,7 +54,7 @@ ANSWERING = (b'"content":"', b"[DONE]")
 
 def bodies(kind: str, n: int = 128) -> list[bytes]:
     """`n` distinct request bodies of one kind: same prefix, different questions (seeded)."""
-    from llamafleet_local.workload import WorkloadSpec, make_profile, user_question
+    from llamafleet_testbed.workload import WorkloadSpec, make_profile, user_question
 
     rng = random.Random(11)
     if kind == "agent":
@@ -237,7 +237,7 @@ def start_setups(fleet: Fleet, redis_url: str, args: argparse.Namespace) -> dict
         time.sleep(0.05)
     upstream = f"http://127.0.0.1:{ready.read_text()}"
     setups = {"direct": (f"{upstream}/v1/chat/completions", stub.pid)}
-    lf = [sys.executable, "-m", "llamafleet_local.cli", "router", "--pods", upstream]
+    lf = [sys.executable, "-m", "llamafleet_cli.cli", "router", "--pods", upstream]
     if args.router_log_level:
         lf += ["--log-level", args.router_log_level.upper()]
     routers = {"llamafleet-memory": [*lf, "--index", "memory"],

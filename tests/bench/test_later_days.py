@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from llamafleet_local.bench.later_days import day_body
-from llamafleet_local.bench.later_days_report import markdown, ratios
+from llamafleet_testbed.bench.later_days import day_body
+from llamafleet_testbed.bench.later_days_report import markdown, ratios
 
 
 def _days(*ttfts: float) -> dict[str, Any]:

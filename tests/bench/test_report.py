@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from llamafleet_local.bench import report
-from llamafleet_local.bench.cli import write
+from llamafleet_testbed.bench import report
+from llamafleet_testbed.bench.cli import write
 
 
 def reply(ttft: float, *, cache_n: int = 0, prompt_n: int = 14_000, pieces: list[str] | None = None,
@@ -101,7 +101,7 @@ def test_write_produces_table_json_and_plots(tmp_path: Path) -> None:
 
 def test_bench_reliability_is_the_reliability_command(capsys: pytest.CaptureFixture[str]) -> None:
     """`llamafleet bench reliability` (the issue's name) reaches the fault scenarios' command."""
-    from llamafleet_local.bench.cli import main
+    from llamafleet_testbed.bench.cli import main
 
     with pytest.raises(SystemExit) as exit_:
         main(["reliability", "--help"])

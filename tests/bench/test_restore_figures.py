@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from llamafleet_local.bench.stats import restore_figures, restore_records
+from llamafleet_testbed.bench.stats import restore_figures, restore_records
 
 
 def _event(name: str, tokens: int, source: str, restore_ms: float, seconds: float) -> str:

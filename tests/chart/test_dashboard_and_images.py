@@ -11,9 +11,9 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from llamafleet_agent.metrics import AgentMetrics
-from llamafleet_local import helm as tools
 from llamafleet_router.metrics import RouterMetrics
 from llamafleet_router.snapshots.base import SnapshotMetrics
+from llamafleet_testbed import helm as tools
 from tests.chart.conftest import CHART, ROOT, Helm, Manifest, by_kind
 
 DASHBOARD = CHART / "dashboards" / "llamafleet.json"

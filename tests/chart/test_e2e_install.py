@@ -11,7 +11,7 @@ import base64
 import pytest
 from e2e import kind_e2e
 
-from llamafleet_local.workload import WorkloadSpec, make_profile
+from llamafleet_testbed.workload import WorkloadSpec, make_profile
 from tests.chart.admission_policy import RenderedPolicy
 from tests.chart.conftest import Helm, Manifest, by_kind, one, pod_spec
 from tests.chart.validation import CR_MODELS, validate_all

@@ -11,7 +11,7 @@ import pytest
 import yaml
 from e2e.kind_e2e import manifests
 
-from llamafleet_local.workload import WorkloadSpec, make_profile
+from llamafleet_testbed.workload import WorkloadSpec, make_profile
 from tests.chart.conftest import CHART, CRD_CHART, EXAMPLES, Helm, Manifest, by_kind
 from tests.chart.validation import (
     CR_MODELS,

@@ -152,7 +152,7 @@ def _declared_flags(arg_cpp: str) -> set[str]:
 @pytest.mark.llama
 def test_every_emitted_flag_exists_in_the_llama_cpp_tree() -> None:
     """Flags we emit must exist in the pinned llama.cpp, except the patched build's attach flags."""
-    from llamafleet_local.llama_build import source_dir
+    from llamafleet_testbed.llama_build import source_dir
 
     declared = _declared_flags((source_dir() / "common" / "arg.cpp").read_text())
     assert "--slot-save-path" in declared and "--slot-attach" not in declared
@@ -168,7 +168,7 @@ def test_every_emitted_flag_exists_in_the_llama_cpp_tree() -> None:
 @pytest.mark.llama
 def test_cache_type_enum_equals_the_types_llama_cpp_accepts() -> None:
     """`cacheTypeK/V` allow exactly arg.cpp's `kv_cache_types` (by ggml type name), no more, no fewer."""
-    from llamafleet_local.llama_build import source_dir
+    from llamafleet_testbed.llama_build import source_dir
 
     text = (source_dir() / "common" / "arg.cpp").read_text()
     block = re.search(r"kv_cache_types\s*=\s*\{(.*?)\};", text, re.S)

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from llamafleet_core.prefix import ChatTemplate, TemplateCache, chat_identity, render_chat
 from llamafleet_core.prefix.substitute import plain_text, substituted
-from llamafleet_local.llama_build import source_dir
+from llamafleet_testbed.llama_build import source_dir
 from tests.core.test_prefix_identity import history
 from tests.fixtures.templates import TOOLS_AFTER, TOOLS_FIRST, Templates
 

@@ -10,7 +10,7 @@ import pytest
 from llamafleet_core.prefix.llama_json import llama_str, llama_tojson
 from llamafleet_core.prefix.template import ChatTemplate, canonical_render, render_chat
 from llamafleet_core.prefix.template_cache import TemplateCache
-from llamafleet_local.llama_build import source_dir
+from llamafleet_testbed.llama_build import source_dir
 
 # What llama-server reports in /props `chat_template_caps` for these templates.
 QWEN35_CAPS = {"supports_string_content": True, "supports_typed_content": True, "supports_system_role": True,

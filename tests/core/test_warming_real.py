@@ -2,7 +2,7 @@
 
 Each pod is a real llama-server plus its agent app served by uvicorn on a loopback port, so pulls
 cross a real socket between agents as they do between pods. The prefix is an agent-client-like one
-(`llamafleet_local.workload`), about 4.5K tokens: large enough that reuse is unmistakable, small enough
+(`llamafleet_testbed.workload`), about 4.5K tokens: large enough that reuse is unmistakable, small enough
 that the tests stay fast on two cores.
 """
 
@@ -36,7 +36,7 @@ from llamafleet_core.warming import (
     warm_pod,
     warm_shared_prefix,
 )
-from llamafleet_local.workload import WorkloadSpec, make_profile
+from llamafleet_testbed.workload import WorkloadSpec, make_profile
 from tests.agent.conftest import SERVER_ARGS, TOKEN, serve_over_socket
 
 pytestmark = [pytest.mark.llama, pytest.mark.redis]

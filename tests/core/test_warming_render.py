@@ -19,7 +19,7 @@ from llamafleet_core.warming import (
     render_prefix,
     snapshot_name,
 )
-from llamafleet_local.workload import WorkloadSpec, make_profile
+from llamafleet_testbed.workload import WorkloadSpec, make_profile
 from tests.fixtures.templates import TOOLS_AFTER, TOOLS_FIRST, Templates
 
 PROFILE = make_profile(WorkloadSpec(prefix_chars=6_000))

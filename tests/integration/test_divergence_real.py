@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from llamafleet_local.workload import AgentProfile, WorkloadSpec, make_profile
+from llamafleet_testbed.workload import AgentProfile, WorkloadSpec, make_profile
 from tests.fixtures.llama import StartLlamaServer, TinyModels
 from tests.integration.gateway_bed import Answer, chat, gateway
 from tests.integration.snapshot_bed import TOKEN, AgentPod, agent_pod

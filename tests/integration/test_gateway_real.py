@@ -19,7 +19,7 @@ import pytest
 
 from llamafleet_local.llama_process import LlamaServerProcess
 from llamafleet_local.redis_server import RedisServer
-from llamafleet_local.workload import AgentProfile, WorkloadSpec, make_profile, user_question
+from llamafleet_testbed.workload import AgentProfile, WorkloadSpec, make_profile, user_question
 from tests.fixtures.llama import StartLlamaServer, TinyModels
 from tests.integration.gateway_bed import Answer, chat, gateway
 from tests.integration.snapshot_bed import metric

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from llamafleet_local.workload import WorkloadSpec, make_profile, user_question
+from llamafleet_testbed.workload import WorkloadSpec, make_profile, user_question
 from tests.fixtures.llama import StartLlamaServer, TinyModels
 from tests.integration.gateway_bed import chat, gateway
 from tests.integration.snapshot_bed import TOKEN, agent_pod, metric

@@ -3,7 +3,7 @@
 The fleet is `examples/local-fleet.yaml` as shipped (2 pods x 4 slots of 65,536 tokens, the tiny hybrid
 model: the gateway's `/v1/models` says each slot's context, and Hermes refuses a model under 64,000
 tokens). Hermes (installed
-once into the cache, `llamafleet_local.hermes`) runs `hermes chat -q` in a `git init` workspace three
+once into the cache, `llamafleet_testbed.hermes`) runs `hermes chat -q` in a `git init` workspace three
 times: on day 1, after every pod restarted on day 2 (its clock moved by libfaketime), and after the
 whole fleet restarted on day 3. Each session's first request
 carries Hermes's whole prefix (18 tools and a system prompt, about 13K tokens) whose only change from day
@@ -32,11 +32,11 @@ from typing import Any
 
 import pytest
 
-from llamafleet_local.bench.scenarios import prompt_tokens_processed
-from llamafleet_local.bench.setups import Fleet
-from llamafleet_local.hermes import HermesClient, SessionResult, git_workspace, install
-from llamafleet_local.reliability.bed import until
 from llamafleet_local.up import LocalFleet, load_fleet
+from llamafleet_testbed.bench.scenarios import prompt_tokens_processed
+from llamafleet_testbed.bench.setups import Fleet
+from llamafleet_testbed.hermes import HermesClient, SessionResult, git_workspace, install
+from llamafleet_testbed.reliability.bed import until
 
 pytestmark = [pytest.mark.slow, pytest.mark.llama, pytest.mark.redis]
 

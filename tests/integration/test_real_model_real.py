@@ -19,9 +19,9 @@ from typing import Any
 import httpx
 import pytest
 
-from llamafleet_local.real_models import ensure_real_model
 from llamafleet_local.up.contexts import slot_context, trained_context
-from llamafleet_local.workload import WorkloadSpec, make_profile
+from llamafleet_testbed.real_models import ensure_real_model
+from llamafleet_testbed.workload import WorkloadSpec, make_profile
 from tests.fixtures.llama import StartLlamaServer
 from tests.integration.gateway_bed import Answer, chat, gateway, settled
 from tests.integration.snapshot_bed import TOKEN, agent_pod, metric_reaches

@@ -25,7 +25,7 @@ import httpx
 import pytest
 
 from llamafleet_core.types import SlotRef
-from llamafleet_local.workload import AgentProfile, WorkloadSpec, make_profile, user_question
+from llamafleet_testbed.workload import AgentProfile, WorkloadSpec, make_profile, user_question
 from tests.fixtures.llama import StartLlamaServer, TinyModels
 from tests.integration.gateway_bed import Answer, Gateway, chat, gateway, settled
 from tests.integration.snapshot_bed import (

@@ -11,7 +11,7 @@ import time
 import openai
 import pytest
 
-from llamafleet_local.workload import WorkloadSpec, make_profile
+from llamafleet_testbed.workload import WorkloadSpec, make_profile
 from tests.local.sdk_bed import KEYS, MODEL, Metrics, anthropic_client, openai_client
 from tests.local.up_bed import Up
 

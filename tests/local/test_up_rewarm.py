@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 
 from llamafleet_core.agent_client import AgentClient, AgentError
-from llamafleet_local.reliability.bed import PREFIX, fleet_config, kill, running_fleet, until
 from llamafleet_local.up import LocalFleet, UpOptions
 from llamafleet_local.up.progress import Reporter
+from llamafleet_testbed.reliability.bed import PREFIX, fleet_config, kill, running_fleet, until
 
 pytestmark = [pytest.mark.llama, pytest.mark.redis]
 

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from llamafleet_local.workload import WorkloadSpec, make_profile, next_day
+from llamafleet_testbed.workload import WorkloadSpec, make_profile, next_day
 from tests.local.up_bed import UP, Up, fleet_yaml, start_up, wait_health
 
 pytestmark = [pytest.mark.llama, pytest.mark.redis]

@@ -21,7 +21,7 @@ import pytest
 
 from llamafleet_local.up import LocalFleet, UpOptions, load_fleet
 from llamafleet_local.up.progress import Reporter
-from llamafleet_local.workload import WorkloadSpec, make_profile
+from llamafleet_testbed.workload import WorkloadSpec, make_profile
 from tests.local.up_bed import Up, describe, fleet_yaml, start_up, strays, wait_gone, wait_health
 
 pytestmark = [pytest.mark.llama, pytest.mark.redis]

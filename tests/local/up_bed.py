@@ -22,7 +22,7 @@ import httpx
 
 from llamafleet_local.redis_server import free_port
 
-UP = [sys.executable, "-m", "llamafleet_local.cli", "up"]
+UP = [sys.executable, "-m", "llamafleet_cli.cli", "up"]
 
 
 def fleet_yaml(binary: Path, *, replicas: int = 2, slots: int = 2, context: int = 4096,

@@ -1,6 +1,6 @@
 """What the patched-server tests send and read: a real client's requests, straight to one llama-server.
 
-The requests are Hermes Agent's (its captured layout, `llamafleet_local.hermes_layout`): 18 tool
+The requests are Hermes Agent's (its captured layout, `llamafleet_testbed.hermes_layout`): 18 tool
 schemas and its system prompt, about 13K tokens on the tiny models' vocabulary, then the user's
 question. Greedy (temperature 0) with the generated token ids returned (`logprobs`), so outputs are
 compared position by position. Output comparisons run on the `-sharp` tiny models: the plain ones'
@@ -16,8 +16,8 @@ from typing import Any
 
 import httpx
 
-from llamafleet_local.hermes_layout import hermes_profile
-from llamafleet_local.workload import WorkloadSpec
+from llamafleet_testbed.hermes_layout import hermes_profile
+from llamafleet_testbed.workload import WorkloadSpec
 
 SPEC = WorkloadSpec(day=dt.date(2026, 11, 2))
 

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from llamafleet_local.llama_build import source_dir
 from llamafleet_local.redis_server import free_port
+from llamafleet_testbed.llama_build import source_dir
 from tests.fixtures.llama import TinyModels
 
 pytestmark = pytest.mark.llama

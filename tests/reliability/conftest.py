@@ -1,6 +1,6 @@
 """Fault scenarios over `llamafleet up`: each test gets a fresh small fleet (real llama-servers, agents,
 an embedded redis-server, the gateway) in its tmp_path; the scenarios live in
-`llamafleet_local.reliability` so that `llamafleet reliability` prints the same figures."""
+`llamafleet_testbed.reliability` so that `llamafleet reliability` prints the same figures."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from llamafleet_local.reliability.bed import Bed, running_fleet
+from llamafleet_testbed.reliability.bed import Bed, running_fleet
 
 
 @pytest.fixture

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import pytest
 
-from llamafleet_local.reliability.bed import Bed
-from llamafleet_local.reliability.faults import hang_pod, kill_redis, kill_server
-from llamafleet_local.reliability.outcome import ScenarioResult
-from llamafleet_local.reliability.replicas import kill_gateway
-from llamafleet_local.reliability.snapshots import bad_snapshots, kill_agent
+from llamafleet_testbed.reliability.bed import Bed
+from llamafleet_testbed.reliability.faults import hang_pod, kill_redis, kill_server
+from llamafleet_testbed.reliability.outcome import ScenarioResult
+from llamafleet_testbed.reliability.replicas import kill_gateway
+from llamafleet_testbed.reliability.snapshots import bad_snapshots, kill_agent
 
 pytestmark = [pytest.mark.reliability, pytest.mark.llama, pytest.mark.redis]
 

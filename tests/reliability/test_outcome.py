@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from llamafleet_local.reliability.outcome import COLUMNS, ScenarioResult, report, table
+from llamafleet_testbed.reliability.outcome import COLUMNS, ScenarioResult, report, table
 
 
 def _rows(text: str) -> list[dict[str, str]]:

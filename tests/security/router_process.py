@@ -87,7 +87,7 @@ def router_process(pod_url: str, tmp_path: Path, **settings: str) -> Iterator[Ro
     log = tmp_path / "router.log"
     with log.open("wb") as out:
         process = subprocess.Popen(
-            [sys.executable, "-m", "llamafleet_local.cli", "router", "--pods", pod_url, "--index", "memory",
+            [sys.executable, "-m", "llamafleet_cli.cli", "router", "--pods", pod_url, "--index", "memory",
              "--host", "127.0.0.1", "--port", str(port)], env=env, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:

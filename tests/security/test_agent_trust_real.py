@@ -28,7 +28,7 @@ from llamafleet_core.agent_client import AgentClient, AgentError
 from llamafleet_core.llama_client import LlamaClient
 from llamafleet_core.snapshot import SnapshotManifest
 from llamafleet_core.snapshot_signing import manifest_key, sign_manifest
-from llamafleet_local.reliability.bed import PREFIX, Bed, running_fleet
+from llamafleet_testbed.reliability.bed import PREFIX, Bed, running_fleet
 from tests.security.peer_stub import Stub, stub_server
 
 pytestmark = [pytest.mark.llama, pytest.mark.redis]

@@ -26,9 +26,9 @@ import yaml
 
 from llamafleet_core.agent_tokens import AgentTokens, namespace_token
 from llamafleet_core.crd.models import LlamaFleetSpec
-from llamafleet_local import helm
 from llamafleet_operator.reconcile.admission import AdmissionPolicy, violations
 from llamafleet_operator.settings import OperatorSettings
+from llamafleet_testbed import helm
 from tests.chart.admission_policy import RenderedPolicy
 from tests.operator.operator_bed import (
     DEPLOYMENTS,

@@ -21,9 +21,9 @@ import pytest
 from pydantic import SecretStr
 
 from llamafleet_core.index.memory import InMemoryPrefixIndex, InMemorySlotLeases
-from llamafleet_local import helm as tools
 from llamafleet_local.redis_server import free_port
 from llamafleet_router.settings import RouterSettings
+from llamafleet_testbed import helm as tools
 from tests.chart.conftest import Helm, Manifest, by_kind, one, pod_spec
 from tests.security.router_process import API_KEY, AUTH, pod_in_thread, router_process
 from tests.security.tenant_bed import gateway, pod

@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from llamafleet_local.llama_build import source_dir
+from llamafleet_testbed.llama_build import source_dir
 from tests.fuzz.fake_pod import Hit
 from tests.fuzz.served import API_KEY, AUTH, Served, served_gateway
 

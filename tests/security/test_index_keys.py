@@ -40,12 +40,12 @@ from llamafleet_core.membership import Member, write_members
 from llamafleet_core.prefix import ChatTemplate, PromptIdentity, block_chain, chat_identity, prefix_key_bytes
 from llamafleet_core.types import UNKEYED, TextHasher, exact_text_hash
 from llamafleet_core.warming import PrefixSource, prefix_blocks, prefix_body, render_prefix
-from llamafleet_local import helm as tools
 from llamafleet_local.redis_server import free_port
-from llamafleet_local.workload import WorkloadSpec, make_profile
 from llamafleet_operator.settings import OperatorSettings
 from llamafleet_router.settings import RouterSettings
 from llamafleet_router.snapshots.divergence import cut_chain
+from llamafleet_testbed import helm as tools
+from llamafleet_testbed.workload import WorkloadSpec, make_profile
 from tests.chart.conftest import CHART, NAMESPACE, Helm, Manifest, one, pod_spec
 from tests.fixtures.llama import StartLlamaServer, TinyModels
 from tests.fixtures.templates import CAPS
@@ -296,7 +296,7 @@ def membership_router(redis_url: str, tmp_path: Path, **env: str) -> Iterator[st
     log = tmp_path / "router.log"
     with log.open("wb") as out:
         process = subprocess.Popen(
-            [sys.executable, "-m", "llamafleet_local.cli", "router", "--discovery", "redis",
+            [sys.executable, "-m", "llamafleet_cli.cli", "router", "--discovery", "redis",
              "--redis", redis_url, "--host", "127.0.0.1", "--port", str(port)],
             env=variables, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"

@@ -32,10 +32,10 @@ from llamafleet_core.membership import Member, write_members
 from llamafleet_core.networks import PRIVATE_NETWORKS, parse_networks
 from llamafleet_core.types import Endpoint, PodRef
 from llamafleet_local.redis_server import free_port
-from llamafleet_local.reliability.bed import until
 from llamafleet_router.discovery.addresses import refusal
 from llamafleet_router.discovery.base import PodStatus
 from llamafleet_router.snapshots.peers import peer_agents
+from llamafleet_testbed.reliability.bed import until
 from tests.security.peer_stub import Stub, stub_server
 
 NS = "tenant-a"
@@ -100,7 +100,7 @@ def router(redis_url: str, fleet: str, tmp_path: Path, **env: str) -> Iterator[s
                  "LLAMAFLEET_ROUTER_REDIS_URL": redis_url, "LLAMAFLEET_ROUTER_POLL_INTERVAL": "0.2",
                  "LLAMAFLEET_ROUTER_AGENT_TOKEN": "master-token-of-the-gateway-0123456789", **env}
     with log.open("wb") as out:
-        argv = [sys.executable, "-m", "llamafleet_local.cli", "router", "--host", "127.0.0.1",
+        argv = [sys.executable, "-m", "llamafleet_cli.cli", "router", "--host", "127.0.0.1",
                 "--port", str(port)]
         proc = subprocess.Popen(argv, env=variables, stdout=out, stderr=subprocess.STDOUT)
     try:

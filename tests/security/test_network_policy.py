@@ -28,9 +28,9 @@ import yaml
 from llamafleet_core import labels as L
 from llamafleet_core import podspec
 from llamafleet_core.crd.models import LlamaFleet
-from llamafleet_local import helm
 from llamafleet_operator.render import render_all
 from llamafleet_operator.render.common import Target
+from llamafleet_testbed import helm
 from tests.security.netpol import NAMESPACE_NAME, Destination, Source, admits, admits_egress, selects
 
 ROOT = Path(__file__).parents[2]

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from llamafleet_local import helm
+from llamafleet_testbed import helm
 
 ROOT = Path(__file__).parents[2]
 TOKEN_SECRET = "lf-llamafleet-fleet-agent-token"

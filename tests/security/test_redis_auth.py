@@ -35,8 +35,8 @@ from llamafleet_core.index.redis_index import RedisSlotLeases, connect, connect_
 from llamafleet_core.index.resp import RespError, redacted_url
 from llamafleet_core.membership import Member, read_members, write_members
 from llamafleet_core.types import SlotRef
-from llamafleet_local import helm
 from llamafleet_local.redis_server import RedisServer, free_port
+from llamafleet_testbed import helm
 
 ROOT = Path(__file__).parents[2]
 PASSWORD = "p4ss-" + uuid.uuid4().hex

@@ -23,12 +23,12 @@ from openai.types.chat import completion_create_params as chat_create_params
 from openai.types.responses import response_create_params
 from pydantic import SecretStr, ValidationError
 
-from llamafleet_local.hermes_layout import hermes_profile, load_layout
 from llamafleet_router.access.limits import PerKey
 from llamafleet_router.api.fields import ALLOWED, ExtraFields, FieldPolicy, FieldRejected
 from llamafleet_router.api.parse import ParsedRequest, Route, parse_request
 from llamafleet_router.discovery.base import PodProps
 from llamafleet_router.settings import RouterSettings
+from llamafleet_testbed.hermes_layout import hermes_profile, load_layout
 from tests.fuzz.fake_pod import FAKE_FIELDS
 from tests.fuzz.served import API_KEY, AUTH, Served, served_gateway
 from tests.security.test_bad_input_real import MODEL, POD_500

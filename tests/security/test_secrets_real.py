@@ -19,8 +19,8 @@ import pytest
 from llamafleet_core.agent_client import AgentClient
 from llamafleet_core.snapshot import SnapshotManifest
 from llamafleet_core.snapshot_signing import manifest_key, sign_manifest
-from llamafleet_local.reliability.bed import PREFIX, Bed, kill, running_fleet, until
-from llamafleet_local.reliability.replicas import start_replica
+from llamafleet_testbed.reliability.bed import PREFIX, Bed, kill, running_fleet, until
+from llamafleet_testbed.reliability.replicas import start_replica
 
 pytestmark = [pytest.mark.llama, pytest.mark.redis]
 

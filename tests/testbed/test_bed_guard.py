@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from llamafleet_local import llama_build, tinymodels
-from llamafleet_local.llama_build import build, source_dir
+from llamafleet_testbed import llama_build, tinymodels
+from llamafleet_testbed.llama_build import build, source_dir
 from tests.fixtures.bed_guard import BedNeeded
 
 

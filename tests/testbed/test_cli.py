@@ -6,7 +6,7 @@ import importlib
 
 import pytest
 
-from llamafleet_local.cli import COMMANDS, main
+from llamafleet_cli.cli import COMMANDS, main
 
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))

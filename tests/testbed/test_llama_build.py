@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from llamafleet_local import llama_build
+from llamafleet_testbed import llama_build
 
 
 @pytest.fixture

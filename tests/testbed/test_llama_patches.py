@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from llamafleet_local import llama_build, llama_patches
-from llamafleet_local.llama_patches import PatchError, Series, load_series, patched_tree
+from llamafleet_testbed import llama_build, llama_patches
+from llamafleet_testbed.llama_patches import PatchError, Series, load_series, patched_tree
 
 REPO_SERIES = Path(__file__).resolve().parents[2] / "patches" / "llama.cpp"
 

@@ -15,11 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from llamafleet_local import real_models
 from llamafleet_local.cache import ENV_CACHE
-from llamafleet_local.named_models import NAMED_MODELS
-from llamafleet_local.named_models import main as models_main
-from llamafleet_local.real_models import (
+from llamafleet_local.up.config import FleetConfig, parse_documents
+from llamafleet_local.up.resolve import carries_chat_template, resolve
+from llamafleet_testbed import real_models
+from llamafleet_testbed.named_models import NAMED_MODELS
+from llamafleet_testbed.named_models import main as models_main
+from llamafleet_testbed.real_models import (
     REAL_MODELS,
     Member,
     RealModel,
@@ -28,9 +30,7 @@ from llamafleet_local.real_models import (
     ensure_real_model,
     record_digests,
 )
-from llamafleet_local.tinymodels import MODEL_NAMES
-from llamafleet_local.up.config import FleetConfig, parse_documents
-from llamafleet_local.up.resolve import carries_chat_template, resolve
+from llamafleet_testbed.tinymodels import MODEL_NAMES
 
 
 def _b64(data: bytes) -> str:

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from llamafleet_local import tinymodels
-from llamafleet_local.llama_build import source_dir
-from llamafleet_local.tinymodels import (
+from llamafleet_testbed import tinymodels
+from llamafleet_testbed.llama_build import source_dir
+from llamafleet_testbed.tinymodels import (
     MODEL_NAMES,
     RECIPES,
     ensure_model,

@@ -21,7 +21,7 @@ from pydantic import Field, ValidationError
 from llamafleet_core.crd.base import CRModel
 from llamafleet_core.crd.fleet import LlamaFleet, LlamaFleetSpec
 from llamafleet_core.crd.prefix import SharedPrefix
-from llamafleet_local.named_models import NAMED_MODELS
+from llamafleet_local.provision import named_models
 
 
 class ConfigError(ValueError):
@@ -162,9 +162,10 @@ def check_local_files(config: FleetConfig, source: str) -> None:
     """Files named under `local:` must exist (a named model is written or fetched on demand instead)."""
     local = config.local
     where = f"{source}: LlamaFleet {config.name!r}: local"
-    if local.model not in NAMED_MODELS and not config.resolve(local.model).is_file():
-        raise ConfigError(f"{where}.model: no such file: {local.model} "
-                          f"(or a named model: {', '.join(NAMED_MODELS)})")
+    names = named_models()
+    if local.model not in names and not config.resolve(local.model).is_file():
+        known = f"a named model: {', '.join(names)}" if names else "named models need the test bed"
+        raise ConfigError(f"{where}.model: no such file: {local.model} ({known})")
     if local.chat_template is not None and not config.resolve(local.chat_template).is_file():
         raise ConfigError(f"{where}.chatTemplate: no such file: {local.chat_template}")
     if local.llama_server is not None and not config.resolve(local.llama_server).is_file():

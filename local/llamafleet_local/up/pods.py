@@ -93,7 +93,8 @@ def agent_args(spec: LlamaFleetSpec, pod: PodLayout, model: Path, fleet: str, to
     )
 
 
-AGENT_COMMAND = [sys.executable, "-m", "llamafleet_local.cli", "agent"]
+# The agent's own entry point (what `llamafleet agent` runs): the runtime needs no `llamafleet` command.
+AGENT_COMMAND = [sys.executable, "-m", "llamafleet_agent.cli"]
 
 
 @dataclass

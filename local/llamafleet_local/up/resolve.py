@@ -17,7 +17,7 @@ from llamafleet_core.crd.fleet import LlamaFleetSpec
 from llamafleet_core.devices import min_batch_tokens, parse_devices
 from llamafleet_core.features import ServerFeatures, parse_help, summary
 from llamafleet_core.gguf_meta import GGUFError, read_metadata
-from llamafleet_local.named_models import NAMED_MODELS, ensure_named_model
+from llamafleet_local.provision import ensure_named_model, named_models, server_binary
 from llamafleet_local.up.config import FleetConfig
 
 
@@ -67,7 +67,7 @@ def carries_chat_template(model: Path) -> bool | None:
 def resolve(config: FleetConfig, say: Callable[[str], None]) -> Resolved:
     local = config.local
     # A model's name wins over a file of that name: written (tiny) or fetched (real) on demand, cached.
-    if local.model in NAMED_MODELS:
+    if local.model in named_models():
         model = ensure_named_model(local.model)
     else:
         model = config.resolve(local.model).resolve()
@@ -75,10 +75,8 @@ def resolve(config: FleetConfig, say: Callable[[str], None]) -> Resolved:
     if local.llama_server is not None:
         binary = config.resolve(local.llama_server).resolve()
     else:
-        from llamafleet_local.llama_build import build
-
         say("llama-server: building or reusing the project's build (the first build takes minutes)")
-        binary = build()
+        binary = server_binary()
     say(f"model {model.name}, llama-server {binary}")
     spec = config.effective_spec(template)
     own_template = any(arg in ("--chat-template", "--chat-template-file") for arg in spec.extra_args)
