@@ -171,10 +171,10 @@ class Fleet:
         self.workdir = workdir
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
-    def spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
+    def spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         log = (self.workdir / f"{name}.log").open("wb")
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir,
-                                start_new_session=True)
+                                start_new_session=True, env=env)
         log.close()
         self.procs[name] = proc
         return proc
@@ -225,6 +225,23 @@ def wait_ready(
     raise TimeoutError(f"{name} not ready after {timeout}s: {last}\n{log_tail(log)}")
 
 
+def checkout_env(root: Path) -> dict[str, str]:
+    """The environment that runs the gateway of another checkout: its package folders on PYTHONPATH,
+    ahead of this checkout's (editable) install, so old and new code run in one process tree."""
+    folders = [root / name for name in ("core", "router", "agent", "operator", "cli", "local", "testbed")]
+    found = [str(f) for f in folders if f.is_dir()]
+    if not (root / "router").is_dir():
+        raise SystemExit(f"--baseline {root}: not a llamafleet checkout (no router/)")
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(found)}
+
+
+def revision(root: Path) -> str:
+    """The commit a checkout is at (what the results name; never its path)."""
+    out = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
+                         text=True, check=False)
+    return out.stdout.strip() or "unknown"
+
+
 def start_setups(fleet: Fleet, redis_url: str, args: argparse.Namespace) -> dict[str, tuple[str, int]]:
     """Start the stub and the routers; returns setup name -> (chat URL, pid to charge CPU to)."""
     ready = fleet.workdir / "stub.port"
@@ -242,6 +259,12 @@ def start_setups(fleet: Fleet, redis_url: str, args: argparse.Namespace) -> dict
         lf += ["--log-level", args.router_log_level.upper()]
     routers = {"llamafleet-memory": [*lf, "--index", "memory"],
                "llamafleet-redis": [*lf, "--redis", redis_url]}
+    envs: dict[str, dict[str, str]] = {}
+    if args.baseline is not None:
+        env = checkout_env(args.baseline)
+        for index in ("memory", "redis"):
+            routers[f"baseline-{index}"] = routers[f"llamafleet-{index}"]
+            envs[f"baseline-{index}"] = env
     if args.sglang:
         sgl = [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
                "--worker-urls", upstream, "--policy", "cache_aware"]
@@ -256,7 +279,7 @@ def start_setups(fleet: Fleet, redis_url: str, args: argparse.Namespace) -> dict
                                                "--upstream", upstream]
     for name, argv in routers.items():
         port = free_port()
-        proc = fleet.spawn(name, [*argv, "--port", str(port)])
+        proc = fleet.spawn(name, [*argv, "--port", str(port)], envs.get(name))
         setups[name] = (f"http://127.0.0.1:{port}/v1/chat/completions", proc.pid)
     for name, (url, _) in setups.items():
         proc_name = "stub" if name == "direct" else name
@@ -376,6 +399,8 @@ def main() -> None:
     p.add_argument("--no-sglang", dest="sglang", action="store_false")
     p.add_argument("--no-floors", dest="floors", action="store_false",
                    help="skip the Python floor proxies (floor_proxy.py)")
+    p.add_argument("--baseline", type=Path, help="a checkout of another revision (git worktree): its gateway "
+                   "runs beside this one's as baseline-memory and baseline-redis, interleaved in each round")
     p.add_argument("--out", type=Path, default=HERE / "results" / "router_overhead.json")
     args = p.parse_args()
     if args.client:
@@ -393,6 +418,7 @@ def main() -> None:
     meta = {"rounds": args.rounds, "requests": args.requests, "saturated_requests": args.saturated_requests,
             "concurrency": args.concurrency, "stream_ms": args.stream_ms, "slots": args.slots,
             "router_log_level": args.router_log_level, "cpus": os.cpu_count(),
+            "baseline": None if args.baseline is None else revision(args.baseline),
             "python": platform.python_version(), "seconds": round(time.time() - started, 1),
             "goal": {"added_p50_ttft_ms": 1.0, "added_p99_ttft_ms": 5.0, "load": "paced"}}
     args.out.write_text(json.dumps({"meta": meta, "summary": summary, "rounds": raw}, indent=1) + "\n")

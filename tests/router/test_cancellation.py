@@ -16,8 +16,25 @@ from llamafleet_router.background import TaskSet, cancel_and_wait
 from llamafleet_router.proxy.gone import GoneSignal, PodUnreachable, unless_gone
 
 
+class SlowToCancel:
+    """Work whose cancellation takes a while (closing a connection, say): its cleanup runs until the
+    test lets it end. The test waits for each step of it, never for a time."""
+
+    def __init__(self) -> None:
+        self.started = asyncio.Event()
+        self.cleaning = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def run(self) -> None:
+        try:
+            self.started.set()
+            await asyncio.sleep(60)
+        finally:
+            self.cleaning.set()
+            await self.release.wait()
+
+
 async def _slow_to_cancel(cleanup_s: float = 0.2) -> None:
-    """Work whose cancellation takes a while (closing a connection, say)."""
     try:
         await asyncio.sleep(60)
     finally:
@@ -25,10 +42,11 @@ async def _slow_to_cancel(cleanup_s: float = 0.2) -> None:
 
 
 async def test_cancel_and_wait_propagates_a_cancel_of_the_waiter_when_the_task_ends_slowly() -> None:
-    work = asyncio.create_task(_slow_to_cancel())
-    await asyncio.sleep(0)
+    slow = SlowToCancel()
+    work = asyncio.create_task(slow.run())
+    await slow.started.wait()
     waiter = asyncio.create_task(cancel_and_wait(work))
-    await asyncio.sleep(0.05)  # the waiter is now awaiting the slow cleanup
+    await slow.cleaning.wait()  # the waiter cancelled the work and now awaits its slow cleanup
     waiter.cancel()
     with pytest.raises(asyncio.CancelledError):
         await waiter
@@ -53,18 +71,19 @@ async def test_cancel_and_wait_swallows_only_the_tasks_own_end() -> None:
 async def test_unless_gone_raises_the_callers_cancel_not_pod_unreachable_when_cancelled_meanwhile() -> None:
     """The pod is marked down, so the work is being cancelled; the client leaves meanwhile. The request
     must end cancelled: PodUnreachable would send it on to another pod for a client that is gone."""
-    gone = GoneSignal()
+    gone, slow = GoneSignal(), SlowToCancel()
 
     async def request() -> None:
-        await unless_gone(gone, _slow_to_cancel())
+        await unless_gone(gone, slow.run())
 
     task = asyncio.create_task(request())
-    await asyncio.sleep(0.02)
+    await slow.started.wait()
     gone.set()
-    await asyncio.sleep(0.05)  # unless_gone now waits for the work's slow cancellation
+    await slow.cleaning.wait()  # unless_gone now waits for the work's slow cancellation
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+    slow.release.set()
 
 
 async def test_unless_gone_raises_pod_unreachable_when_the_pod_is_marked_down() -> None:
@@ -85,7 +104,8 @@ async def test_unless_gone_moves_a_waiting_request_and_leaves_nothing_behind() -
         await unless_gone(gone, asyncio.sleep(60))
 
     task = asyncio.create_task(request())
-    await asyncio.sleep(0.01)
+    while not gone._callbacks:  # until the waiter registered on the pod's signal
+        await asyncio.sleep(0)
     assert len(gone._callbacks) == 1
     gone.set()
     with pytest.raises(PodUnreachable):
