@@ -100,12 +100,17 @@ async def test_unless_gone_moves_a_waiting_request_and_leaves_nothing_behind() -
     assert await unless_gone(gone, asyncio.sleep(0, result="answer")) == "answer"
     assert not gone._callbacks
 
+    waiting = asyncio.Event()
+
+    async def wait_for_the_pod() -> None:
+        waiting.set()  # unless_gone registers on the signal before it awaits the work
+        await asyncio.sleep(60)
+
     async def request() -> None:
-        await unless_gone(gone, asyncio.sleep(60))
+        await unless_gone(gone, wait_for_the_pod())
 
     task = asyncio.create_task(request())
-    while not gone._callbacks:  # until the waiter registered on the pod's signal
-        await asyncio.sleep(0)
+    await waiting.wait()
     assert len(gone._callbacks) == 1
     gone.set()
     with pytest.raises(PodUnreachable):
