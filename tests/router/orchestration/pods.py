@@ -137,7 +137,8 @@ class FakeLlama:
         pieces = pieces_of(str(body["content"]))
         ids = self.ids(pieces)
         if body.get("with_pieces"):
-            return web.json_response({"tokens": [{"id": i, "piece": p} for i, p in zip(ids, pieces, strict=True)]})
+            items = [{"id": i, "piece": p} for i, p in zip(ids, pieces, strict=True)]
+            return web.json_response({"tokens": items})
         return web.json_response({"tokens": ids})
 
     async def completion(self, request: web.Request) -> web.Response:

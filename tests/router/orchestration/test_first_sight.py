@@ -53,7 +53,6 @@ async def test_first_session_builds_the_head_in_stages_and_the_next_reuses_it(
 
         second = await chat(http, gw.url, profile.request(MODEL, "Please run the tests.", max_tokens=8))
         assert second.status == 200, second.raw[:300]
-        print("SECOND", second.action, second.snapshot)
         assert second.action == "direct/slot_hit" or (
             second.action.startswith("restore/") and second.snapshot in heads), second.action
         assert second.cache_n >= head - 1 and second.prompt_n < 40, (second.cache_n, second.prompt_n)
