@@ -74,7 +74,7 @@ async def gateway_over(pods: list[Pod], redis_url: str, *, prefix: str, **overri
     """The gateway over `pods` with snapshots on; `overrides` are more RouterSettings."""
     workdir = Path(tempfile.mkdtemp(prefix="orchestration-"))
     settings = RouterSettings(
-        pods=",".join(p.spec for p in pods), redis_url=redis_url, poll_interval=0.5,
+        pods=[p.spec for p in pods], redis_url=redis_url, poll_interval=0.5,
         index_ping_interval=0.2, config_file=_patient_lookup(workdir), agent_token=SecretStr(TOKEN),
         expose_routing_headers=True, **overrides)
     client = connect_index(redis_url)

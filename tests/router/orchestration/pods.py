@@ -59,6 +59,21 @@ class Call:
 
 
 @dataclass
+class Cuts:
+    """The next `left` streams (of the pods sharing this object) lose their connection after `after`
+    events, as when their pod goes away mid-answer."""
+
+    after: int
+    left: int = 1
+
+    def take(self) -> int | None:
+        if self.left <= 0:
+            return None
+        self.left -= 1
+        return self.after
+
+
+@dataclass
 class FakeLlama:
     """One pod's llama-server state: its slots' contents and every call it answered."""
 
@@ -69,7 +84,7 @@ class FakeLlama:
     tasks: list[int | None] = field(default_factory=list)  # each slot's last task id (GET /slots)
     busy: set[int] = field(default_factory=set)
     calls: list[Call] = field(default_factory=list)
-    cut_streams_after: int | None = None  # close the connection after this many SSE events
+    cuts: Cuts | None = None  # streams this pod (or several sharing it) cuts off
     _vocab: dict[str, int] = field(default_factory=dict)
     _pieces: list[str] = field(default_factory=list)
     _task: int = 0
@@ -175,16 +190,18 @@ class FakeLlama:
         events.append({"object": "chat.completion.chunk", "timings": timings,
                        "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
         resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        cut = self.cuts.take() if self.cuts is not None else None
         self.busy.add(slot)
         try:
             await resp.prepare(request)
             for i, event in enumerate(events):
-                if i == self.cut_streams_after:
+                if i == cut:
                     # The pod goes away mid-answer: the connection closes with no end of stream.
                     assert request.transport is not None
                     request.transport.close()
                     return resp
-                await resp.write(b"data: " + json.dumps(event).encode() + b"\n\n")
+                # Compact, as llama-server writes it (the proxy looks for `"content":"` in the head).
+                await resp.write(b"data: " + json.dumps(event, separators=(",", ":")).encode() + b"\n\n")
             await resp.write(b"data: [DONE]\n\n")
             await resp.write_eof()
         finally:
