@@ -95,10 +95,14 @@ async def gateway_over(pods: list[Pod], redis_url: str, *, prefix: str, **overri
 
 
 async def assert_idle(gw: Gateway, pods: list[Pod]) -> None:
-    """Nothing left in flight, no after-response task, no slot claimed here or leased in Redis."""
+    """Nothing left in flight (the gateway's count and its /metrics gauge), no after-response task, no
+    slot claimed here or leased in Redis."""
     await settled(gw, timeout=30.0)
-    state = gw.app.state.gateway
-    assert state.in_flight.total() == 0
+    assert gw.app.state.gateway.in_flight.total() == 0
+    async with httpx.AsyncClient(timeout=10.0) as http:
+        text = (await http.get(gw.url + "/metrics")).text
+    gauges = [line for line in text.splitlines() if line.startswith("llamafleet_router_in_flight{")]
+    assert gauges and all(line.endswith(" 0.0") for line in gauges), gauges  # (a pod served: present)
     holders = [await gw.leases.holder(SlotRef(p.url, s)) for p in pods for s in range(p.llama.n_slots)]
     assert holders == [None] * len(holders), holders
 

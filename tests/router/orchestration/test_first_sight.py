@@ -51,7 +51,9 @@ async def test_first_session_builds_the_head_in_stages_and_the_next_reuses_it(
         assert loaded >= 1 and loaded + held == 2, (loaded, held)
         assert pod.agent.restores() == heads * int(loaded), pod.agent.restores()
 
-        second = await chat(http, gw.url, profile.request(MODEL, "Please run the tests.", max_tokens=8))
+        # (not streamed: the proxy's buffered aiohttp leg)
+        body = profile.request(MODEL, "Please run the tests.", max_tokens=8, stream=False)
+        second = await chat(http, gw.url, body)
         assert second.status == 200, second.raw[:300]
         assert second.action == "direct/slot_hit" or (
             second.action.startswith("restore/") and second.snapshot in heads), second.action
