@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from tests.integration.gateway_bed import chat
-from tests.router.orchestration.conftest import assert_idle, fake_pods, gateway_over
+from tests.router.orchestration.bed import assert_idle, fake_pods, gateway_over
 from tests.router.orchestration.pods import ANSWER, Cuts
 
 pytestmark = [pytest.mark.redis]

@@ -12,17 +12,12 @@ from llamafleet_local.hermes_layout import hermes_profile
 from llamafleet_local.workload import WorkloadSpec
 from tests.integration.gateway_bed import chat
 from tests.integration.snapshot_bed import metric
-from tests.router.orchestration.conftest import assert_idle, fake_pods, gateway_over
-from tests.router.orchestration.pods import pieces_of
+from tests.router.orchestration.bed import assert_idle, fake_pods, gateway_over
 
 pytestmark = [pytest.mark.redis]
 
 DAY = dt.date(2026, 11, 2)
 MODEL = "tiny"
-
-
-def head_tokens(profile_text: str) -> int:
-    return len(pieces_of(profile_text))
 
 
 async def test_first_session_builds_the_head_in_stages_and_the_next_reuses_it(

@@ -13,7 +13,7 @@ from llamafleet_local.hermes_layout import hermes_profile
 from llamafleet_local.workload import WorkloadSpec
 from tests.integration.gateway_bed import Answer, Gateway, chat
 from tests.integration.snapshot_bed import metric
-from tests.router.orchestration.conftest import Pod, assert_idle, fake_pods, gateway_over
+from tests.router.orchestration.bed import Pod, assert_idle, fake_pods, gateway_over
 
 pytestmark = [pytest.mark.redis]
 

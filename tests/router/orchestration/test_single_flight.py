@@ -16,7 +16,7 @@ from llamafleet_local.hermes_layout import hermes_profile
 from llamafleet_local.workload import WorkloadSpec
 from tests.integration.gateway_bed import chat
 from tests.integration.snapshot_bed import metric, metric_reaches
-from tests.router.orchestration.conftest import assert_idle, fake_pods, gateway_over
+from tests.router.orchestration.bed import assert_idle, fake_pods, gateway_over
 
 pytestmark = [pytest.mark.redis]
 
