@@ -104,8 +104,8 @@ class SchedRequest:
 class EndpointState:
     """An endpoint plus its load, as discovery and the router's own in-flight bookkeeping know it.
 
-    `busy_slots` merges the slots the router itself has requests on with what /slots polling reports,
-    so a slot is only offered when neither source thinks it is processing.
+    `busy_slots` are the slots this router has requests on; other replicas' requests are kept off by
+    the slot leases, not by what /slots polling reports (fleet/state.py says why).
     """
 
     endpoint: Endpoint

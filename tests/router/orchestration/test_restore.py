@@ -9,8 +9,8 @@ import httpx
 import pytest
 
 from llamafleet_core.types import SlotRef
-from llamafleet_local.hermes_layout import hermes_profile
-from llamafleet_local.workload import WorkloadSpec
+from llamafleet_testbed.hermes_layout import hermes_profile
+from llamafleet_testbed.workload import WorkloadSpec
 from tests.integration.gateway_bed import Answer, Gateway, chat
 from tests.integration.snapshot_bed import metric
 from tests.router.orchestration.bed import Pod, assert_idle, fake_pods, gateway_over

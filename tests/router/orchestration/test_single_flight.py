@@ -12,8 +12,8 @@ import datetime as dt
 import httpx
 import pytest
 
-from llamafleet_local.hermes_layout import hermes_profile
-from llamafleet_local.workload import WorkloadSpec
+from llamafleet_testbed.hermes_layout import hermes_profile
+from llamafleet_testbed.workload import WorkloadSpec
 from tests.integration.gateway_bed import chat
 from tests.integration.snapshot_bed import metric, metric_reaches
 from tests.router.orchestration.bed import assert_idle, fake_pods, gateway_over
