@@ -55,8 +55,7 @@ class InfoRoutes:
     async def health(self, request: Request) -> Response:
         """200 when at least one pod is ready; the body says which pods are up and how the index is."""
         g = self.gateway
-        assert g.discovery is not None
-        pods = await g.discovery.endpoints()
+        pods = await g.director.discovery.endpoints()
         ready = sum(pod.ready for pod in pods)
         g.metrics.pods_up.set(ready)
         conflicts = g.owners.conflicts(pods)
@@ -96,8 +95,9 @@ class InfoRoutes:
             if not g.tenancy.is_admin(key):
                 return ApiError(403, "/metrics needs an admin key (the gateway's `admin_keys`).",
                                 type=AUTHENTICATION, code="admin_key_required").response()
-        if g.discovery is not None:
-            pods = await g.discovery.endpoints()
+        discovery = g.discovery  # None while the app has not started: no pods to show yet
+        if discovery is not None:
+            pods = await discovery.endpoints()
             g.metrics.model_conflicts.set(len(g.owners.conflicts(pods)))
             g.metrics.show_slot_contexts(pods)  # as of this scrape, traffic or none
         return Response(generate_latest(g.metrics.registry), media_type=CONTENT_TYPE_LATEST)

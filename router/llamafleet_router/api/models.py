@@ -57,8 +57,7 @@ class ModelRoutes:
     async def _entries(self, request: Request) -> list[dict[str, Any]]:
         g = self.gateway
         authenticate(g.keys, request.headers)
-        assert g.discovery is not None
-        return model_entries(await g.discovery.endpoints())
+        return model_entries(await g.director.discovery.endpoints())
 
     async def list(self, request: Request) -> Response:
         try:

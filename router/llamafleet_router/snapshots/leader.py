@@ -61,8 +61,9 @@ class Leader:
             [x for x in lookup.snapshots if x != failed], window=DETACH_MAX_TAIL_CHARS, hasher=prompt.hasher)
         tail = prompt.head_chars - base.n_chars if base is not None else 0
         learn = self._families.cuts_for(prompt, lookup, restored.snapshot if restored else None)
-        if base is not None and self._lender is not None and 0 < tail <= DETACH_MAX_TAIL_CHARS:
-            detached, extra = await self._detach(prep, prompt, key, base, learn, known)
+        lender = self._lender
+        if base is not None and lender is not None and 0 < tail <= DETACH_MAX_TAIL_CHARS:
+            detached, extra = await self._detach(prep, prompt, key, base, learn, known, lender)
             if detached:
                 return
         else:
@@ -95,18 +96,17 @@ class Leader:
 
     async def _detach(
         self, prep: Preparation, prompt: Prompt, key: FlightKey, base: SnapshotRef,
-        learn: Coroutine[Any, Any, list[int]], known: frozenset[tuple[str, int]],
+        learn: Coroutine[Any, Any, list[int]], known: frozenset[tuple[str, int]], lender: SlotLender,
     ) -> tuple[bool, list[int]]:
         """Build the head in a lent slot from `base` and forward now; False when no slot was lent. With
         the family's learned cuts, read either way."""
-        assert self._lender is not None
         # Claimed before any await (the family's read, the lender's schedule and leases): a session
         # joining the flight meanwhile goes on as decided rather than waiting.
         self._detached.claim(key)
         lent = None
         try:
             extra = await learn
-            lent = await self._lender.lend(prep.req)
+            lent = await lender.lend(prep.req)
         finally:
             if lent is None:
                 self._detached.unclaim(key)
