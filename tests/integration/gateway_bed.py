@@ -48,7 +48,7 @@ async def gateway(
     poll_interval: float = 0.5, agent_token: str | None = None, prefix_key: str | None = None,
 ) -> AsyncIterator[Gateway]:
     workdir = Path(tempfile.mkdtemp(prefix="gateway-bed-"))
-    settings = RouterSettings(pods=",".join(pod_urls), redis_url=redis_url, poll_interval=poll_interval,
+    settings = RouterSettings(pods=list(pod_urls), redis_url=redis_url, poll_interval=poll_interval,
                               index_ping_interval=0.2, config_file=_patient_lookup(workdir),
                               agent_token=SecretStr(agent_token) if agent_token else None,
                               prefix_key=SecretStr(prefix_key) if prefix_key else None,
