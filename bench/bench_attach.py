@@ -43,7 +43,7 @@ import httpx
 
 from llamafleet_local.llama_process import LlamaServerProcess
 from llamafleet_testbed.bench.client import Reply, stream_chat
-from llamafleet_testbed.bench.run import prefix_tokens_on
+from llamafleet_testbed.bench.plan import prefix_tokens_on
 from llamafleet_testbed.bench.scenarios import three_bodies, three_sessions
 from llamafleet_testbed.bench.stats import agreement, share
 from llamafleet_testbed.hermes_layout import hermes_profile

@@ -41,7 +41,9 @@ from pathlib import Path
 from typing import Any
 
 from llamafleet_core.index import InMemoryPrefixIndex, InMemorySlotLeases, PrefixIndex, SlotLeases
-from llamafleet_core.index.redis_index import RedisPrefixIndex, RedisSlotLeases, connect_index
+from llamafleet_core.index.redis_conn import connect_index
+from llamafleet_core.index.redis_index import RedisPrefixIndex
+from llamafleet_core.index.redis_leases import RedisSlotLeases
 from llamafleet_core.prefix import ChatTemplate, TemplateCache, chat_identity
 from llamafleet_core.types import Endpoint, PodRef, SlotRef
 from llamafleet_local.redis_server import RedisServer

@@ -25,7 +25,8 @@ from functools import partial
 from pathlib import Path
 
 from llamafleet_core.index import InMemoryPrefixIndex, PrefixIndex
-from llamafleet_core.index.redis_index import RedisPrefixIndex, connect_index
+from llamafleet_core.index.redis_conn import connect_index
+from llamafleet_core.index.redis_index import RedisPrefixIndex
 from llamafleet_core.types import SlotRef, SnapshotRef
 from llamafleet_local.redis_server import RedisServer
 

@@ -4,7 +4,7 @@ A request whose whole prefix is already in the slot it is pinned to (the best an
 do) still costs the server, before it computes a single token: rendering the chat template (tools and
 system prompt included) and tokenizing the whole prompt, on the HTTP thread, for every request. This
 run measures that cost for agent prompts of 14K, 24K and 32K tokens on one llama-server started with
-the bench fleet's command line (`llamafleet_testbed.bench.run.Plan`: flash attention off, 4 slots,
+the bench fleet's command line (`llamafleet_testbed.bench.plan.Plan`: flash attention off, 4 slots,
 36,864 tokens per slot, context checkpoints, 1 thread):
 
 - `ttft`: client-observed time to the first generated piece of a streamed chat request pinned to the
@@ -37,7 +37,7 @@ from typing import Any
 import httpx
 
 from llamafleet_local.redis_server import free_port
-from llamafleet_testbed.bench.run import Plan, prefix_tokens_on
+from llamafleet_testbed.bench.plan import Plan, prefix_tokens_on
 from llamafleet_testbed.llama_build import build
 from llamafleet_testbed.tinymodels import ensure_model
 from llamafleet_testbed.workload import (

@@ -64,7 +64,9 @@ def settings_from_args(argv: list[str] | None) -> RouterSettings:
 def build_index(settings: RouterSettings) -> tuple[PrefixIndex, SlotLeases, Any]:
     """The index and leases, plus the Redis client to close afterwards (None for memory)."""
     if settings.index == "redis":
-        from llamafleet_core.index.redis_index import RedisPrefixIndex, RedisSlotLeases, connect_index
+        from llamafleet_core.index.redis_conn import connect_index
+        from llamafleet_core.index.redis_index import RedisPrefixIndex
+        from llamafleet_core.index.redis_leases import RedisSlotLeases
 
         assert settings.redis_url is not None
         # Short timeouts, no retries: a Redis outage must switch the router to degraded routing within
@@ -72,7 +74,8 @@ def build_index(settings: RouterSettings) -> tuple[PrefixIndex, SlotLeases, Any]
         client = connect_index(settings.redis_url)
         prefix = settings.index_prefix
         return RedisPrefixIndex(client, prefix=prefix), RedisSlotLeases(client, prefix=prefix), client
-    from llamafleet_core.index.memory import InMemoryPrefixIndex, InMemorySlotLeases
+    from llamafleet_core.index.memory import InMemoryPrefixIndex
+    from llamafleet_core.index.memory_leases import InMemorySlotLeases
 
     return InMemoryPrefixIndex(), InMemorySlotLeases(), None
 
@@ -85,7 +88,7 @@ async def run(settings: RouterSettings) -> None:
 
     def discovery(http: httpx.AsyncClient, fence: FenceHook) -> Discovery:
         if settings.discovery == "redis":
-            from llamafleet_core.index.redis_index import connect
+            from llamafleet_core.index.redis_conn import connect
             from llamafleet_router.discovery.membership import MembershipDiscovery
 
             assert settings.redis_url is not None

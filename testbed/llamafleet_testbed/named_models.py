@@ -12,7 +12,8 @@ from pathlib import Path
 
 from llamafleet_local.cache import log
 from llamafleet_testbed.real_models import REAL_MODEL_NAMES, REAL_MODELS, RealModelError, ensure_real_model
-from llamafleet_testbed.tinymodels import MODEL_NAMES, ensure_model
+from llamafleet_testbed.tinymodel_recipes import MODEL_NAMES
+from llamafleet_testbed.tinymodels import ensure_model
 
 NAMED_MODELS: tuple[str, ...] = (*MODEL_NAMES, *REAL_MODEL_NAMES)
 

@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from llamafleet_testbed.bench import report
-from llamafleet_testbed.bench.run import Plan, run_model
+from llamafleet_testbed.bench.plan import Plan
+from llamafleet_testbed.bench.run import run_model
 
 pytestmark = [pytest.mark.llama]
 

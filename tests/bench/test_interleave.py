@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from llamafleet_testbed.bench import run
+from llamafleet_testbed.bench import plan, run
 from llamafleet_testbed.bench.client import Reply
 
 
@@ -22,7 +22,7 @@ async def test_repeats_interleave_over_setups_in_rotated_order(monkeypatch: pyte
 
     monkeypatch.setattr(run.sc, "three_sessions", three_sessions)
     setups: dict[str, Any] = {k: SimpleNamespace(url=k) for k in ("plain", "sglang", "llamafleet")}
-    profiles = run.Profiles(chars={}, as_is=[object(), object(), object()])  # type: ignore[list-item]
+    profiles = plan.Profiles(chars={}, as_is=[object(), object(), object()])  # type: ignore[list-item]
     said: list[str] = []
     out = await run.run_as_is(setups, "m", profiles, said.append)
     assert calls == [("plain", "as-is/0"), ("sglang", "as-is/0"), ("llamafleet", "as-is/0"),

@@ -10,7 +10,7 @@ import pytest
 from llamafleet_local.up.config import parse_documents
 from llamafleet_local.up.pods import layout, server_argv
 from llamafleet_local.up.resolve import Resolved
-from llamafleet_testbed.bench.run import Plan, fleet_docs
+from llamafleet_testbed.bench.plan import Plan, fleet_docs
 from llamafleet_testbed.bench.setups import BASELINE_FLASH_ATTENTION, PlainPods
 
 

@@ -8,7 +8,7 @@ import gguf
 import pytest
 
 from llamafleet_core.gguf_meta import GGUFError, model_resume_kind, read_metadata, resume_kind
-from llamafleet_testbed.tinymodels import RECIPES
+from llamafleet_testbed.tinymodel_recipes import RECIPES
 from tests.fixtures.llama import TinyModels
 
 

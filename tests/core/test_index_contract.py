@@ -22,7 +22,9 @@ from llamafleet_core.index import (
     PrefixIndex,
     SlotLeases,
 )
-from llamafleet_core.index.redis_index import RedisPrefixIndex, RedisSlotLeases, connect_index
+from llamafleet_core.index.redis_conn import connect_index
+from llamafleet_core.index.redis_index import RedisPrefixIndex
+from llamafleet_core.index.redis_leases import RedisSlotLeases
 from llamafleet_core.types import PromptTags, SlotRef, SnapshotRef, exact_text_hash
 
 MODEL = "qwen2-tiny"

@@ -14,7 +14,9 @@ import pytest
 import redis.asyncio as aioredis
 
 from llamafleet_core.index import IndexUnavailable, InMemoryPrefixIndex
-from llamafleet_core.index.redis_index import RedisPrefixIndex, RedisSlotLeases, connect, connect_index
+from llamafleet_core.index.redis_conn import connect, connect_index
+from llamafleet_core.index.redis_index import RedisPrefixIndex
+from llamafleet_core.index.redis_leases import RedisSlotLeases
 from llamafleet_core.index.resp import RespClient
 from llamafleet_core.types import SlotRef, SnapshotRef
 from llamafleet_local.redis_server import RedisServer

@@ -21,7 +21,8 @@ from prometheus_client import CollectorRegistry
 
 from llamafleet_agent import AgentSettings, create_app
 from llamafleet_core.agent_client import AgentClient
-from llamafleet_core.index.redis_index import RedisPrefixIndex, connect_index
+from llamafleet_core.index.redis_conn import connect_index
+from llamafleet_core.index.redis_index import RedisPrefixIndex
 from llamafleet_core.llama_client import LlamaClient
 from llamafleet_core.networks import LOOPBACK_NETWORKS
 from llamafleet_core.prefix import ChatTemplate, chat_identity

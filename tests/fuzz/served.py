@@ -24,7 +24,8 @@ from pydantic import SecretStr
 from starlette.applications import Starlette
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from llamafleet_core.index.memory import InMemoryPrefixIndex, InMemorySlotLeases
+from llamafleet_core.index.memory import InMemoryPrefixIndex
+from llamafleet_core.index.memory_leases import InMemorySlotLeases
 from llamafleet_router.app import create_app
 from llamafleet_router.discovery.static import StaticDiscovery
 from llamafleet_router.inprocess import serve

@@ -18,8 +18,11 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
 
-from llamafleet_core.index.memory import InMemoryPrefixIndex, InMemorySlotLeases
-from llamafleet_core.index.redis_index import RedisPrefixIndex, RedisSlotLeases, connect_index
+from llamafleet_core.index.memory import InMemoryPrefixIndex
+from llamafleet_core.index.memory_leases import InMemorySlotLeases
+from llamafleet_core.index.redis_conn import connect_index
+from llamafleet_core.index.redis_index import RedisPrefixIndex
+from llamafleet_core.index.redis_leases import RedisSlotLeases
 from llamafleet_core.prefix import block_chain
 from llamafleet_core.types import SlotRef, SnapshotRef
 

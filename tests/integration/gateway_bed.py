@@ -24,7 +24,9 @@ import yaml
 from pydantic import SecretStr
 from starlette.applications import Starlette
 
-from llamafleet_core.index.redis_index import RedisPrefixIndex, RedisSlotLeases, connect_index
+from llamafleet_core.index.redis_conn import connect_index
+from llamafleet_core.index.redis_index import RedisPrefixIndex
+from llamafleet_core.index.redis_leases import RedisSlotLeases
 from llamafleet_router.app import create_app
 from llamafleet_router.discovery.base import Discovery, FenceHook
 from llamafleet_router.discovery.static import StaticDiscovery

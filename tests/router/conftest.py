@@ -10,7 +10,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 from starlette.applications import Starlette
 
-from llamafleet_core.index.memory import InMemoryPrefixIndex, InMemorySlotLeases
+from llamafleet_core.index.memory import InMemoryPrefixIndex
+from llamafleet_core.index.memory_leases import InMemorySlotLeases
 from llamafleet_router.app import create_app
 from llamafleet_router.discovery.pod_spec import PodSpec
 from llamafleet_router.discovery.static import StaticDiscovery

@@ -8,7 +8,8 @@ import json
 
 import httpx
 
-from llamafleet_core.index.memory import InMemoryPrefixIndex, InMemorySlotLeases
+from llamafleet_core.index.memory import InMemoryPrefixIndex
+from llamafleet_core.index.memory_leases import InMemorySlotLeases
 from llamafleet_core.types import SlotRef
 from llamafleet_router.api.parse import Route, parse_request
 from llamafleet_router.fleet.state import props_for

@@ -24,7 +24,8 @@ from prometheus_client import CollectorRegistry
 from llamafleet_agent import AgentSettings, create_app
 from llamafleet_core.agent_client import AgentClient, AgentError
 from llamafleet_core.agent_tokens import namespace_token
-from llamafleet_core.index.memory import InMemoryPrefixIndex, InMemorySlotLeases
+from llamafleet_core.index.memory import InMemoryPrefixIndex
+from llamafleet_core.index.memory_leases import InMemorySlotLeases
 from llamafleet_core.membership import Member, write_members
 from llamafleet_local.redis_server import free_port
 from llamafleet_router.app import create_app as create_gateway

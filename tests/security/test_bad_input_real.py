@@ -20,7 +20,8 @@ from typing import Any
 import httpx
 import pytest
 
-from llamafleet_core.index.memory import InMemoryPrefixIndex, InMemorySlotLeases
+from llamafleet_core.index.memory import InMemoryPrefixIndex
+from llamafleet_core.index.memory_leases import InMemorySlotLeases
 from llamafleet_router.app import create_app
 from llamafleet_router.discovery.static import StaticDiscovery
 from llamafleet_router.inprocess import serve

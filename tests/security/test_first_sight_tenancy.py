@@ -16,7 +16,8 @@ from typing import Any
 import httpx
 from pydantic import SecretStr
 
-from llamafleet_core.index.memory import InMemoryPrefixIndex, InMemorySlotLeases
+from llamafleet_core.index.memory import InMemoryPrefixIndex
+from llamafleet_core.index.memory_leases import InMemorySlotLeases
 from llamafleet_core.prefix import ChatTemplate, chat_identity, prefix_key_bytes
 from llamafleet_router.access.tenancy import Tenancy
 from llamafleet_router.settings import RouterSettings

@@ -20,7 +20,8 @@ import httpx
 import pytest
 from pydantic import SecretStr
 
-from llamafleet_core.index.memory import InMemoryPrefixIndex, InMemorySlotLeases
+from llamafleet_core.index.memory import InMemoryPrefixIndex
+from llamafleet_core.index.memory_leases import InMemorySlotLeases
 from llamafleet_local.redis_server import free_port
 from llamafleet_router.settings import RouterSettings
 from llamafleet_testbed import helm as tools

@@ -34,8 +34,9 @@ import redis
 import redis.asyncio as aioredis
 from pydantic import SecretStr
 
-from llamafleet_core.index.memory import InMemorySlotLeases
-from llamafleet_core.index.redis_index import RedisPrefixIndex, connect_index
+from llamafleet_core.index.memory_leases import InMemorySlotLeases
+from llamafleet_core.index.redis_conn import connect_index
+from llamafleet_core.index.redis_index import RedisPrefixIndex
 from llamafleet_core.membership import Member, write_members
 from llamafleet_core.prefix import ChatTemplate, PromptIdentity, block_chain, chat_identity, prefix_key_bytes
 from llamafleet_core.types import UNKEYED, TextHasher, exact_text_hash

@@ -31,7 +31,8 @@ import pytest
 import yaml
 from redis.exceptions import AuthenticationError, ResponseError
 
-from llamafleet_core.index.redis_index import RedisSlotLeases, connect, connect_index
+from llamafleet_core.index.redis_conn import connect, connect_index
+from llamafleet_core.index.redis_leases import RedisSlotLeases
 from llamafleet_core.index.resp import RespError, redacted_url
 from llamafleet_core.membership import Member, read_members, write_members
 from llamafleet_core.types import SlotRef

@@ -24,8 +24,11 @@ import pytest
 import redis.asyncio as aioredis
 from pydantic import SecretStr
 
-from llamafleet_core.index.memory import InMemoryPrefixIndex, InMemorySlotLeases
-from llamafleet_core.index.redis_index import RedisPrefixIndex, RedisSlotLeases, connect_index
+from llamafleet_core.index.memory import InMemoryPrefixIndex
+from llamafleet_core.index.memory_leases import InMemorySlotLeases
+from llamafleet_core.index.redis_conn import connect_index
+from llamafleet_core.index.redis_index import RedisPrefixIndex
+from llamafleet_core.index.redis_leases import RedisSlotLeases
 from llamafleet_core.types import SlotRef
 from llamafleet_router.settings import RouterSettings
 from tests.fuzz.fake_pod import FAKE_FIELDS

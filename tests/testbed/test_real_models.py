@@ -30,7 +30,7 @@ from llamafleet_testbed.real_models import (
     ensure_real_model,
     record_digests,
 )
-from llamafleet_testbed.tinymodels import MODEL_NAMES
+from llamafleet_testbed.tinymodel_recipes import MODEL_NAMES
 
 
 def _b64(data: bytes) -> str:

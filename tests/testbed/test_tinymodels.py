@@ -10,18 +10,10 @@ from typing import Any
 
 import pytest
 
-from llamafleet_testbed import tinymodels
+from llamafleet_testbed import tinymodel_recipes
 from llamafleet_testbed.llama_build import source_dir
-from llamafleet_testbed.tinymodels import (
-    MODEL_NAMES,
-    RECIPES,
-    ensure_model,
-    model_path,
-    read_tokenizer,
-    recipe_digest,
-    tensor_shapes,
-    write_model,
-)
+from llamafleet_testbed.tinymodel_recipes import MODEL_NAMES, RECIPES, recipe_digest
+from llamafleet_testbed.tinymodels import ensure_model, model_path, read_tokenizer, tensor_shapes, write_model
 
 
 def _sha256(path: Path) -> str:
@@ -71,7 +63,7 @@ def test_cache_key_changes_when_any_part_of_the_recipe_changes(monkeypatch: pyte
         recipe_digest(recipe, "template!", "vocab"),
         recipe_digest(recipe, "template", "vocab2"),
     }
-    monkeypatch.setattr(tinymodels, "RECIPE_VERSION", tinymodels.RECIPE_VERSION + 1)
+    monkeypatch.setattr(tinymodel_recipes, "RECIPE_VERSION", tinymodel_recipes.RECIPE_VERSION + 1)
     variants.add(recipe_digest(recipe, "template", "vocab"))
     assert base not in variants
     assert len(variants) == 6

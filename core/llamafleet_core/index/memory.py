@@ -1,4 +1,4 @@
-"""In-process prefix index and slot leases with the same contract as the Redis ones.
+"""In-process prefix index with the same contract as the Redis one (its leases: `memory_leases`).
 
 For tests, single-replica development and the router's degraded mode. Time comes from an injectable
 clock so TTL behaviour is testable without sleeping. Every method runs without an `await` inside, so
@@ -285,34 +285,3 @@ def _discard(holders: dict[str, set[SlotRef]], block: str, slot: SlotRef) -> Non
         found.discard(slot)
         if not found:
             del holders[block]
-
-
-class InMemorySlotLeases:
-    """Slot leases in a dict; see `SlotLeases` for the contract."""
-
-    def __init__(self, *, clock: Clock = time.monotonic) -> None:
-        self._clock = clock
-        self._leases: dict[SlotRef, tuple[str, float]] = {}
-
-    def _current(self, slot: SlotRef) -> str | None:
-        lease = self._leases.get(slot)
-        if lease is None:
-            return None
-        if lease[1] <= self._clock():
-            del self._leases[slot]
-            return None
-        return lease[0]
-
-    async def acquire(self, slot: SlotRef, holder: str, ttl_s: float) -> bool:
-        current = self._current(slot)
-        if current not in (None, holder):
-            return False
-        self._leases[slot] = (holder, self._clock() + ttl_s)
-        return True
-
-    async def release(self, slot: SlotRef, holder: str) -> None:
-        if self._current(slot) == holder:
-            del self._leases[slot]
-
-    async def holder(self, slot: SlotRef) -> str | None:
-        return self._current(slot)

@@ -1,4 +1,6 @@
-"""The prefix index and slot leases in Redis: one Lua script per operation, one round trip each.
+"""The prefix index in Redis: one Lua script per operation, one round trip each.
+
+The slot leases (`redis_leases`) share these keys' prefix; both run on the clients of `redis_conn`.
 
 Key schema (`P` = prefix, default `lf`; `M` = the model name, percent-encoded so that `:` in a model
 name cannot make two models share keys):
@@ -31,16 +33,11 @@ server's clock. Any failure (connection refused, timeout, a command error) surfa
 
 from __future__ import annotations
 
-import asyncio
 import json
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from collections.abc import Sequence
+from typing import Any
 from urllib.parse import quote
-
-import redis.asyncio as aioredis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 
 from llamafleet_core.index import redis_lua
 from llamafleet_core.index.base import (
@@ -49,11 +46,11 @@ from llamafleet_core.index.base import (
     DEFAULT_SNAPSHOT_TTL_S,
     FAMILY_HEADS,
     FAMILY_POINTS,
-    IndexUnavailable,
     check_snapshot,
     snapshot_order,
 )
-from llamafleet_core.index.resp import LuaScript, RespClient, RespError
+from llamafleet_core.index.redis_conn import DEFAULT_OP_TIMEOUT_S, RedisBase, connect_index, decoded, ms
+from llamafleet_core.index.resp import LuaScript, RespClient
 from llamafleet_core.types import (
     DivergencePoint,
     HeadFamily,
@@ -64,8 +61,6 @@ from llamafleet_core.types import (
     SnapshotRef,
 )
 
-T = TypeVar("T")
-DEFAULT_OP_TIMEOUT_S = 1.0
 _LOOKUP = LuaScript(redis_lua.LOOKUP)
 _RECORD_SLOT = LuaScript(redis_lua.RECORD_SLOT)
 _RECORD_SNAPSHOT = LuaScript(redis_lua.RECORD_SNAPSHOT)
@@ -76,38 +71,9 @@ _RECORD_HEAD = LuaScript(redis_lua.RECORD_HEAD)
 _FAMILY = LuaScript(redis_lua.FAMILY)
 _INSTANCE = LuaScript(redis_lua.INSTANCE)
 _MAX_POINTS_PER_CALL = 98  # the script orders one call's points by score offsets below 99
-_ACQUIRE_LEASE = LuaScript(redis_lua.ACQUIRE_LEASE)
-_RELEASE_LEASE = LuaScript(redis_lua.RELEASE_LEASE)
 _MAX_CACHED = 65_536  # parsed slot keys and snapshot payloads kept per index (a fleet has fewer)
 _NO_TAGS = PromptTags()
 _MAX_GROUPS = 4_096  # parsed reply groups kept per index (each up to a fleet's slots)
-
-
-def connect_index(url: str, *, timeout_s: float = 0.5) -> RespClient:
-    """The client `RedisPrefixIndex` and `RedisSlotLeases` run on: the lean pipelined one (`resp.py`),
-    failing fast (a reply later than `timeout_s` counts as Redis down), since the router would rather
-    route without the index now than wait for it."""
-    return RespClient.from_url(url, timeout_s=timeout_s)
-
-
-def connect(url: str, *, timeout_s: float = 0.5) -> aioredis.Redis:
-    """A redis-py client for everything off the request path (membership): short socket timeouts and
-    one immediate retry, which re-dials a pooled connection that died with a restarted server."""
-    client: aioredis.Redis = aioredis.Redis.from_url(
-        url,
-        socket_connect_timeout=timeout_s,
-        socket_timeout=timeout_s,
-        retry=Retry(NoBackoff(), 1),
-    )
-    return client
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _ms(seconds: float) -> int:
-    return max(1, round(seconds * 1000))
 
 
 def _packed(blocks: Sequence[str]) -> list[str | int]:
@@ -123,7 +89,7 @@ def _packed(blocks: Sequence[str]) -> list[str | int]:
 
 
 def _snapshot_from_json(raw: Any) -> SnapshotRef:
-    d = json.loads(_text(raw))
+    d = json.loads(decoded(raw))
     return SnapshotRef(
         name=str(d["name"]),
         pod_uid=str(d["pod_uid"]),
@@ -136,36 +102,7 @@ def _snapshot_from_json(raw: Any) -> SnapshotRef:
     )
 
 
-class _RedisBase:
-    """What both Redis classes share: the injected client, the prefix and error translation."""
-
-    def __init__(self, client: RespClient, prefix: str, op_timeout_s: float) -> None:
-        self._client = client
-        self._prefix = prefix
-        self._op_timeout_s = op_timeout_s
-        self._owns_client = False
-
-    async def _call(self, op: Callable[[], Awaitable[T]]) -> T:
-        """Run one Redis operation with a hard deadline, mapping every failure to IndexUnavailable."""
-        try:
-            async with asyncio.timeout(self._op_timeout_s):
-                return await op()
-        except (RespError, OSError, TimeoutError) as exc:
-            raise IndexUnavailable(f"redis: {type(exc).__name__}: {exc}") from exc
-
-    async def ping(self) -> bool:
-        try:
-            return bool(await self._call(self._client.ping))
-        except IndexUnavailable:
-            return False
-
-    async def close(self) -> None:
-        """Close the client only if this object created it (`from_url`); an injected one is the caller's."""
-        if self._owns_client:
-            await self._client.aclose()
-
-
-class RedisPrefixIndex(_RedisBase):
+class RedisPrefixIndex(RedisBase):
     """`PrefixIndex` over Redis; see the module docstring for the key schema."""
 
     def __init__(
@@ -209,9 +146,9 @@ class RedisPrefixIndex(_RedisBase):
             group = raw[i + 1]
             refs = self._groups.get(group) or self._group(group)
             slots.update(dict.fromkeys(refs, int(raw[i])))
-        snaps = _text(raw[0])
+        snaps = decoded(raw[0])
         found = sorted((self._snapshot(s) for s in snaps.split("\n") if s), key=snapshot_order)
-        key = _text(raw[1])
+        key = decoded(raw[1])
         own = (self._refs.get(key) or self._ref(key)) if key else None
         exact = frozenset(self._groups.get(raw[2]) or self._group(raw[2])) if raw[2] else frozenset()
         return Lookup(slots=slots, snapshots=tuple(found), conversation=own if own in slots else None,
@@ -223,7 +160,7 @@ class RedisPrefixIndex(_RedisBase):
         one was a third of a lookup's client time."""
         if len(self._groups) >= _MAX_GROUPS:
             self._groups.clear()
-        refs = self._groups[raw] = tuple(self._refs.get(k) or self._ref(k) for k in _text(raw).split("\n"))
+        refs = self._groups[raw] = tuple(self._refs.get(k) or self._ref(k) for k in decoded(raw).split("\n"))
         return refs
 
     def _ref(self, key: str) -> SlotRef:
@@ -248,7 +185,7 @@ class RedisPrefixIndex(_RedisBase):
     ) -> None:
         tags = tags or _NO_TAGS
         args: list[str | int] = [
-            self._base(model), self._pod_key(slot.pod_uid), slot.key(), _ms(self.slot_ttl_s), n_tokens,
+            self._base(model), self._pod_key(slot.pod_uid), slot.key(), ms(self.slot_ttl_s), n_tokens,
             tags.conversation or "", tags.head or "", *_packed(blocks),
         ]
         await self._call(lambda: self._client.run_script(_RECORD_SLOT, (), args))
@@ -265,7 +202,7 @@ class RedisPrefixIndex(_RedisBase):
         )
         args: list[str | int] = [
             self._base(model), self._pod_key(snap.pod_uid), json.dumps([snap.pod_uid, snap.name]),
-            _ms(self.snapshot_ttl_s), payload, snap.last_block,
+            ms(self.snapshot_ttl_s), payload, snap.last_block,
         ]
         await self._call(lambda: self._client.run_script(_RECORD_SNAPSHOT, (), args))
 
@@ -285,7 +222,7 @@ class RedisPrefixIndex(_RedisBase):
 
     async def instance(self) -> str:
         args = [f"{self._prefix}:instance", uuid.uuid4().hex]
-        return _text(await self._call(lambda: self._client.run_script(_INSTANCE, (), args)))
+        return decoded(await self._call(lambda: self._client.run_script(_INSTANCE, (), args)))
 
     def _family_keys(self, model: str, family: str) -> tuple[str, str]:
         base = f"{self._base(model)}fam:{quote(family, safe='')}:"
@@ -296,7 +233,7 @@ class RedisPrefixIndex(_RedisBase):
     ) -> None:
         members = [json.dumps([p.chars, p.from_end, p.text_hash]) for p in dict.fromkeys(points)]
         args: list[str | int] = [
-            *self._family_keys(model, family), _ms(self.snapshot_ttl_s), FAMILY_HEADS, FAMILY_POINTS,
+            *self._family_keys(model, family), ms(self.snapshot_ttl_s), FAMILY_HEADS, FAMILY_POINTS,
             json.dumps([head.n_chars, head.text_hash, list(head.cuts)]), *members[:_MAX_POINTS_PER_CALL],
         ]
         await self._call(lambda: self._client.run_script(_RECORD_HEAD, (), args))
@@ -304,35 +241,7 @@ class RedisPrefixIndex(_RedisBase):
     async def family(self, model: str, family: str) -> HeadFamily:
         keys = list(self._family_keys(model, family))
         raw = await self._call(lambda: self._client.run_script(_FAMILY, (), keys))
-        heads = [json.loads(_text(r)) for r in raw[0]]
-        points = [json.loads(_text(r)) for r in raw[1]]
+        heads = [json.loads(decoded(r)) for r in raw[0]]
+        points = [json.loads(decoded(r)) for r in raw[1]]
         return HeadFamily(tuple(HeadRecord(tuple(b), int(n), str(h)) for n, h, b in heads),
                           tuple(DivergencePoint(int(c), int(e), str(h)) for c, e, h in points))
-
-
-class RedisSlotLeases(_RedisBase):
-    """`SlotLeases` over Redis: SET NX PX to take, Lua compare-and-delete to give back."""
-
-    def __init__(
-        self,
-        client: RespClient,
-        *,
-        prefix: str = DEFAULT_PREFIX,
-        op_timeout_s: float = DEFAULT_OP_TIMEOUT_S,
-    ) -> None:
-        super().__init__(client, prefix, op_timeout_s)
-
-    def _key(self, slot: SlotRef) -> str:
-        return f"{self._prefix}:lease:{quote(slot.key(), safe='')}"
-
-    async def acquire(self, slot: SlotRef, holder: str, ttl_s: float) -> bool:
-        got = await self._call(
-            lambda: self._client.run_script(_ACQUIRE_LEASE, [self._key(slot)], [holder, _ms(ttl_s)]))
-        return bool(int(got))
-
-    async def release(self, slot: SlotRef, holder: str) -> None:
-        await self._call(lambda: self._client.run_script(_RELEASE_LEASE, [self._key(slot)], [holder]))
-
-    async def holder(self, slot: SlotRef) -> str | None:
-        raw = await self._call(lambda: self._client.execute("GET", self._key(slot)))
-        return None if raw is None else _text(raw)

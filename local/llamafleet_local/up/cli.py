@@ -32,9 +32,10 @@ from pathlib import Path
 from typing import Any
 
 from llamafleet_local.up.config import ConfigError, load_fleet
+from llamafleet_local.up.options import EMBEDDED, UpOptions
 from llamafleet_local.up.procs import ChildFailed
 from llamafleet_local.up.progress import Reporter
-from llamafleet_local.up.runtime import EMBEDDED, LocalFleet, UpOptions
+from llamafleet_local.up.runtime import LocalFleet
 from llamafleet_local.up.state import StateLocked
 from llamafleet_local.up.supervise import FleetFailed
 

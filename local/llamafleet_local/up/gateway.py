@@ -46,10 +46,13 @@ class Index:
 
 def open_index(redis_url: str | None) -> Index:
     if redis_url is None:
-        from llamafleet_core.index.memory import InMemoryPrefixIndex, InMemorySlotLeases
+        from llamafleet_core.index.memory import InMemoryPrefixIndex
+        from llamafleet_core.index.memory_leases import InMemorySlotLeases
 
         return Index(InMemoryPrefixIndex(), InMemorySlotLeases(), None)
-    from llamafleet_core.index.redis_index import RedisPrefixIndex, RedisSlotLeases, connect_index
+    from llamafleet_core.index.redis_conn import connect_index
+    from llamafleet_core.index.redis_index import RedisPrefixIndex
+    from llamafleet_core.index.redis_leases import RedisSlotLeases
 
     # One client for both: its fail-fast timeouts are what the router relies on in degraded mode.
     client = connect_index(redis_url)

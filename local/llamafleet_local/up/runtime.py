@@ -7,20 +7,16 @@
 Start order: the index, then the gateway (so `/health` answers 503 while the fleet comes up, instead of
 refusing connections), then the pods, then warming. The gateway stops first, so no request is sent to
 a pod being stopped, then the pods, then the index; each step is bounded (`shutdown.py`). Everything
-started is recorded in `state.json` of the run folder (pids and exact argv), which is what a test checks
+started is recorded in `state.json` of the run folder (`run_folder.py`), which is what a test checks
 for strays. The pods' snapshot folders live in the state folder (`state.py`): the run folder unless
-`UpOptions` asks for one that outlives the run, as the `up` command does.
+`UpOptions` (`options.py`) asks for one that outlives the run, as the `up` command does.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import os
 import secrets
-import time
-from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -35,36 +31,16 @@ from llamafleet_local.up import gateway as gw
 from llamafleet_local.up import shutdown
 from llamafleet_local.up.config import FleetConfig
 from llamafleet_local.up.contexts import context_note, read_slot_context, trained_context
+from llamafleet_local.up.options import EMBEDDED, UpOptions
 from llamafleet_local.up.pods import LocalPod, layout
 from llamafleet_local.up.pods import attach as pod_attach
 from llamafleet_local.up.procs import dying_with_parent
 from llamafleet_local.up.progress import FleetProgress, PrefixProgress, Reporter
 from llamafleet_local.up.resolve import Resolved, resolve
+from llamafleet_local.up.run_folder import default_run_dir, write_secret, write_state
 from llamafleet_local.up.shutdown import Step, run_steps
 from llamafleet_local.up.state import StateLock, manifest_key_file, open_state, prefix_key
 from llamafleet_local.up.supervise import missing_prefixes, require_all, supervise, warm_prefix
-
-EMBEDDED = "embedded"
-
-
-@dataclass
-class UpOptions:
-    port: int = 8000  # 0: any free port (tests, benchmarks)
-    index: str = EMBEDDED  # "embedded" (a private redis-server), "memory", or a redis:// URL
-    run_dir: Path | None = None  # default: runs/<timestamp>/ under the current directory
-    restart: bool = True  # restart a pod whose process died, and warm it again
-    max_restarts: int = 3  # per pod; beyond that the fleet gives up (exit non-zero)
-    restart_delay: float = 0.0  # seconds a dead pod stays down before it is started again
-    pod_timeout: float = 180.0  # seconds for one pod to load its model and answer
-    # Where the pods keep their snapshots (`state.py`): `state_dir` when given; else, with
-    # `keep_snapshots` (the `up` command's default), `<cache>/state/<fleet>-<model digest>`, which
-    # outlives the run; else the run folder, so an embedding run (tests, benchmarks) starts cold.
-    keep_snapshots: bool = False
-    state_dir: Path | None = None
-
-
-def default_run_dir(base: Path) -> Path:
-    return base / "runs" / time.strftime("%Y%m%d-%H%M%S")
 
 
 class LocalFleet:
@@ -136,9 +112,7 @@ class LocalFleet:
         if self.pod_api_key_file is not None and self.pod_api_key is not None:
             secret_files.append((self.pod_api_key_file, self.pod_api_key))
         for path, secret in secret_files:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w") as out:
-                out.write(secret)
+            write_secret(path, secret)
         self.reporter.say(f"run folder {self.run_dir}")
         self.resolved = await asyncio.to_thread(resolve, self.config, self.reporter.say)
         res = self.resolved
@@ -163,9 +137,9 @@ class LocalFleet:
         ]
         await self._start_index()
         await self._start_gateway()
-        self.write_state()
+        write_state(self)
         await asyncio.gather(*(self._start_pod(pod) for pod in self.pods))
-        self.write_state()
+        write_state(self)
         for prefix in self.config.prefixes:
             await warm_prefix(self, prefix.metadata.name, PrefixSource.from_spec(
                 prefix.metadata.name, prefix.spec, self.model), pin=prefix.spec.pin)
@@ -311,19 +285,3 @@ class LocalFleet:
         agents run with `--await-required` and stay unready until told."""
         names = self.required_names(pod)
         await AgentClient(pod.layout.agent_url, self.http, self.agent_token).set_required(names)
-
-    # --- bookkeeping -----------------------------------------------------------------------------
-
-    def write_state(self) -> None:
-        children = [c for p in self.pods for c in (p.server, p.agent)]
-        state = {
-            "pid": os.getpid(),
-            "gateway": self.gateway_url,
-            "state_dir": str(self.state_dir) if self.state_dir else None,
-            "index": redacted_url(self.index.redis_url) if self.index and self.index.redis_url else None,
-            "model": str(self.resolved.model) if self.resolved else None,
-            "redis": {"pid": self.redis.proc.pid if self.redis and self.redis.proc else None},
-            "processes": [{"name": c.name, "pid": c.pid, "argv": c.argv, "log": str(c.log)}
-                          for c in children],
-        }
-        (self.run_dir / "state.json").write_text(json.dumps(state, indent=2))

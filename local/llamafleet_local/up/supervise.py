@@ -32,6 +32,7 @@ from llamafleet_core.warming import PodWarmState, PrefixSource, WarmError, warm_
 from llamafleet_local.up.contexts import capped_note, fitting_context
 from llamafleet_local.up.procs import ChildFailed, log_tail
 from llamafleet_local.up.progress import PrefixProgress
+from llamafleet_local.up.run_folder import write_state
 
 if TYPE_CHECKING:
     from llamafleet_local.up.pods import LocalPod
@@ -133,7 +134,7 @@ async def restart_agent(fleet: LocalFleet, pod: LocalPod) -> None:
         await pod.stop()
         raise FleetFailed(f"{pod.name}'s agent did not come back: {exc}") from exc
     fleet.report()
-    fleet.write_state()
+    write_state(fleet)
 
 
 async def restart(fleet: LocalFleet, pod: LocalPod) -> None:
@@ -149,7 +150,7 @@ async def restart(fleet: LocalFleet, pod: LocalPod) -> None:
         await pod.stop()
         raise FleetFailed(f"{pod.name} did not come back: {exc}") from exc
     await fleet.read_context(pod)
-    fleet.write_state()
+    write_state(fleet)
 
 
 async def rewarm(fleet: LocalFleet, pod: LocalPod) -> list[str]:
@@ -174,7 +175,7 @@ async def rewarm(fleet: LocalFleet, pod: LocalPod) -> list[str]:
     pod.ready = True
     fleet.progress.pods_up.add(pod.name)
     fleet.report()
-    fleet.write_state()
+    write_state(fleet)
     return []
 
 

@@ -7,7 +7,8 @@ from typing import Any
 import httpx
 import kopf
 
-from llamafleet_core.index.redis_index import RedisPrefixIndex, connect
+from llamafleet_core.index.redis_conn import connect
+from llamafleet_core.index.redis_index import RedisPrefixIndex
 from llamafleet_operator.handlers.diffbase import DigestedDiffBaseStorage
 from llamafleet_operator.kube import Kube, default_kubeconfig, load_configuration
 from llamafleet_operator.reconcile.context import Context

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from llamafleet_testbed.bench import report
-from llamafleet_testbed.bench.run import Plan, run_model
+from llamafleet_testbed.bench.plan import Plan
+from llamafleet_testbed.bench.run import run_model
 from llamafleet_testbed.bench.setups import SETUPS
 from llamafleet_testbed.named_models import NAMED_MODELS
 

@@ -35,7 +35,7 @@ from llamafleet_local.up.resolve import Resolved, resolve
 from llamafleet_testbed.bench import scenarios as sc
 from llamafleet_testbed.bench.client import Reply, stream_chat
 from llamafleet_testbed.bench.later_days_report import first_medians, markdown, ratios
-from llamafleet_testbed.bench.run import Plan, fleet_docs
+from llamafleet_testbed.bench.plan import Plan, fleet_docs
 from llamafleet_testbed.bench.setups import BASELINE_FLASH_ATTENTION, Fleet, PlainPods
 from llamafleet_testbed.hermes_layout import hermes_profile
 from llamafleet_testbed.workload import WorkloadSpec

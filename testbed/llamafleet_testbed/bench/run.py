@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,98 +25,10 @@ from llamafleet_local.up.config import FleetConfig, parse_documents
 from llamafleet_local.up.resolve import Resolved, resolve
 from llamafleet_testbed.bench import scenarios as sc
 from llamafleet_testbed.bench.client import Reply, stream_chat
+from llamafleet_testbed.bench.plan import Plan, Profiles, fleet_docs, make_profiles, prefix_tokens_on
 from llamafleet_testbed.bench.setups import BASELINE_FLASH_ATTENTION, Fleet, PlainPods
 from llamafleet_testbed.bench.stats import restore_records
-from llamafleet_testbed.workload import (
-    PREFIX_TOKENS,
-    AgentProfile,
-    WorkloadSpec,
-    chars_for_tokens,
-    make_profile,
-    mixed_workload,
-    next_day,
-)
-
-FLEET = "bench"
-
-
-@dataclass(frozen=True)
-class Plan:
-    """What one run measures; `--quick` shrinks it."""
-
-    models: tuple[str, ...] = ("tiny-dense", "tiny-hybrid")
-    repeats: int = 5  # of the 14K third-session runs (as they are, and declared)
-    sizes: tuple[int, ...] = PREFIX_TOKENS  # the first is the "as they are" size
-    size_repeats: int = 1  # of each larger size
-    mixed_sessions: int = 50
-    mixed_prefix_chars: int = 12_000
-    pods: int = 2
-    slots: int = 4
-    context_per_slot: int = 36_864  # 32K-token prefix plus a conversation
-    threads: int = 1
-    # The fleet's pods: off on CPU (`llamafleet_core.devices`); the plain pods keep it on (setups.py).
-    flash_attention: str = "off"
-    setups: tuple[str, ...] = ("plain", "sglang", "llamafleet")
-
-
-@dataclass
-class Profiles:
-    """The prefixes of one model's run, by scenario (sizes calibrated against the model's server)."""
-
-    chars: dict[int, int]
-    as_is: list[AgentProfile] = field(default_factory=list)
-    declared: list[AgentProfile] = field(default_factory=list)
-    sizes: dict[int, list[AgentProfile]] = field(default_factory=dict)
-    day1: AgentProfile | None = None
-    day2: AgentProfile | None = None
-
-
-def fleet_docs(model: str, plan: Plan, declared: list[AgentProfile]) -> list[dict[str, Any]]:
-    """FLEET.yaml's documents for a model, with one SharedPrefix per declared profile (pure)."""
-    fleet = {
-        "apiVersion": "llamafleet.io/v1alpha1", "kind": "LlamaFleet", "metadata": {"name": FLEET},
-        "spec": {
-            "model": {"name": model, "file": f"{model}.gguf", "source": {"hostPath": "/models"}},
-            "image": "llamafleet/llama-server:cpu", "replicas": plan.pods, "slots": plan.slots,
-            "contextPerSlot": plan.context_per_slot, "cacheTypeK": "f16", "cacheTypeV": "f16",
-            "flashAttention": plan.flash_attention, "ctxCheckpoints": 128,
-        },
-        "local": {"model": model, "threads": plan.threads},
-    }
-    prefixes = [{
-        "apiVersion": "llamafleet.io/v1alpha1", "kind": "SharedPrefix", "metadata": {"name": f"declared-{i}"},
-        "spec": {"fleetRef": {"name": FLEET}, "tools": list(p.tools),
-                 "messages": [{"role": "system", "content": p.system_prompt}], "pin": True},
-    } for i, p in enumerate(declared)]
-    return [fleet, *prefixes]
-
-
-def make_profiles(chars: dict[int, int], plan: Plan) -> Profiles:
-    """Every scenario's own prefix: another seed and workspace, so no scenario helps another."""
-    base = chars[plan.sizes[0]]
-    out = Profiles(chars)
-
-    def spec(seed: int, size: int, workspace: str) -> WorkloadSpec:
-        return WorkloadSpec(prefix_chars=size, seed=seed, workspace=f"/home/dev/{workspace}")
-    out.as_is = [make_profile(spec(100 + r, base, f"as-is-{r}")) for r in range(plan.repeats)]
-    out.declared = [make_profile(spec(200 + r, base, f"declared-{r}")) for r in range(plan.repeats)]
-    out.sizes = {s: [make_profile(spec(300 + 10 * i + r, chars[s], f"size-{s}-{r}")) for r in
-                     range(plan.size_repeats)] for i, s in enumerate(plan.sizes[1:])}
-    day = spec(500, base, "days")
-    out.day1, out.day2 = make_profile(day), make_profile(next_day(day))
-    return out
-
-
-def prefix_tokens_on(server: str) -> Callable[[int], int]:
-    def measure(chars: int) -> int:
-        profile = make_profile(WorkloadSpec(prefix_chars=chars))
-        with httpx.Client(timeout=120.0) as http:
-            body = {"messages": profile.messages("x"), "tools": list(profile.tools)}
-            prompt = http.post(server + "/apply-template", json=body).json()["prompt"]
-            prompt = prompt[: prompt.rindex("<|im_start|>user")]  # tokens before the first user message
-            return len(http.post(server + "/tokenize", json={"content": prompt, "add_special": True})
-                       .json()["tokens"])
-    return measure
+from llamafleet_testbed.workload import chars_for_tokens, mixed_workload
 
 
 def replies(rs: list[Reply]) -> list[dict[str, Any]]:
@@ -307,7 +218,7 @@ async def cold_reference(resolved: Resolved, folder: Path, profiles: Profiles, m
 
 def _kv(model: str) -> dict[str, Any]:
     from llamafleet_testbed.bench.stats import kv_shape
-    from llamafleet_testbed.tinymodels import RECIPES
+    from llamafleet_testbed.tinymodel_recipes import RECIPES
 
     r = RECIPES[model]
     shape = kv_shape(r.arch, r.n_layer, r.n_embd, r.n_head, r.n_head_kv, head_dim=r.head_dim,

@@ -6,7 +6,8 @@ classes the app will pass in, both for mypy (the annotated assignments) and at r
 
 from __future__ import annotations
 
-from llamafleet_core.index.memory import InMemoryPrefixIndex, InMemorySlotLeases
+from llamafleet_core.index.memory import InMemoryPrefixIndex
+from llamafleet_core.index.memory_leases import InMemorySlotLeases
 from llamafleet_core.prefix.hashing import block_chain
 from llamafleet_core.prefix.identity import PromptIdentity
 from llamafleet_core.types import Action, SnapshotRef

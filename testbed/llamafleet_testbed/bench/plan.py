@@ -1,0 +1,97 @@
+"""What a seed-table run measures (`Plan`) and the prompts it sends (`Profiles`, FLEET.yaml's documents).
+
+Apart from the runner (`run`) because these are decided before any server starts and are pure but for
+`prefix_tokens_on`, which asks a started server how many tokens a prefix size makes; other benchmarks
+(`bench/` at the top) take the same plan and calibration.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from llamafleet_testbed.workload import PREFIX_TOKENS, AgentProfile, WorkloadSpec, make_profile, next_day
+
+FLEET = "bench"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one run measures; `--quick` shrinks it."""
+
+    models: tuple[str, ...] = ("tiny-dense", "tiny-hybrid")
+    repeats: int = 5  # of the 14K third-session runs (as they are, and declared)
+    sizes: tuple[int, ...] = PREFIX_TOKENS  # the first is the "as they are" size
+    size_repeats: int = 1  # of each larger size
+    mixed_sessions: int = 50
+    mixed_prefix_chars: int = 12_000
+    pods: int = 2
+    slots: int = 4
+    context_per_slot: int = 36_864  # 32K-token prefix plus a conversation
+    threads: int = 1
+    # The fleet's pods: off on CPU (`llamafleet_core.devices`); the plain pods keep it on (setups.py).
+    flash_attention: str = "off"
+    setups: tuple[str, ...] = ("plain", "sglang", "llamafleet")
+
+
+@dataclass
+class Profiles:
+    """The prefixes of one model's run, by scenario (sizes calibrated against the model's server)."""
+
+    chars: dict[int, int]
+    as_is: list[AgentProfile] = field(default_factory=list)
+    declared: list[AgentProfile] = field(default_factory=list)
+    sizes: dict[int, list[AgentProfile]] = field(default_factory=dict)
+    day1: AgentProfile | None = None
+    day2: AgentProfile | None = None
+
+
+def fleet_docs(model: str, plan: Plan, declared: list[AgentProfile]) -> list[dict[str, Any]]:
+    """FLEET.yaml's documents for a model, with one SharedPrefix per declared profile (pure)."""
+    fleet = {
+        "apiVersion": "llamafleet.io/v1alpha1", "kind": "LlamaFleet", "metadata": {"name": FLEET},
+        "spec": {
+            "model": {"name": model, "file": f"{model}.gguf", "source": {"hostPath": "/models"}},
+            "image": "llamafleet/llama-server:cpu", "replicas": plan.pods, "slots": plan.slots,
+            "contextPerSlot": plan.context_per_slot, "cacheTypeK": "f16", "cacheTypeV": "f16",
+            "flashAttention": plan.flash_attention, "ctxCheckpoints": 128,
+        },
+        "local": {"model": model, "threads": plan.threads},
+    }
+    prefixes = [{
+        "apiVersion": "llamafleet.io/v1alpha1", "kind": "SharedPrefix", "metadata": {"name": f"declared-{i}"},
+        "spec": {"fleetRef": {"name": FLEET}, "tools": list(p.tools),
+                 "messages": [{"role": "system", "content": p.system_prompt}], "pin": True},
+    } for i, p in enumerate(declared)]
+    return [fleet, *prefixes]
+
+
+def make_profiles(chars: dict[int, int], plan: Plan) -> Profiles:
+    """Every scenario's own prefix: another seed and workspace, so no scenario helps another."""
+    base = chars[plan.sizes[0]]
+    out = Profiles(chars)
+
+    def spec(seed: int, size: int, workspace: str) -> WorkloadSpec:
+        return WorkloadSpec(prefix_chars=size, seed=seed, workspace=f"/home/dev/{workspace}")
+    out.as_is = [make_profile(spec(100 + r, base, f"as-is-{r}")) for r in range(plan.repeats)]
+    out.declared = [make_profile(spec(200 + r, base, f"declared-{r}")) for r in range(plan.repeats)]
+    out.sizes = {s: [make_profile(spec(300 + 10 * i + r, chars[s], f"size-{s}-{r}")) for r in
+                     range(plan.size_repeats)] for i, s in enumerate(plan.sizes[1:])}
+    day = spec(500, base, "days")
+    out.day1, out.day2 = make_profile(day), make_profile(next_day(day))
+    return out
+
+
+def prefix_tokens_on(server: str) -> Callable[[int], int]:
+    def measure(chars: int) -> int:
+        profile = make_profile(WorkloadSpec(prefix_chars=chars))
+        with httpx.Client(timeout=120.0) as http:
+            body = {"messages": profile.messages("x"), "tools": list(profile.tools)}
+            prompt = http.post(server + "/apply-template", json=body).json()["prompt"]
+            prompt = prompt[: prompt.rindex("<|im_start|>user")]  # tokens before the first user message
+            return len(http.post(server + "/tokenize", json={"content": prompt, "add_special": True})
+                       .json()["tokens"])
+    return measure
