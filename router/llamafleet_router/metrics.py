@@ -53,6 +53,12 @@ class RouterMetrics:
             p + "actual_cached_tokens_total", "Prompt tokens llama-server actually reused (timings.cache_n).",
             ["model"], registry=registry,
         )
+        self.shared_cached_tokens = Counter(
+            p + "server_shared_tokens_total",
+            "Of the tokens llama-server reused, those a patched server shared from another slot's cells "
+            "(source=attached, --slot-attach) or copied from a RAM prefix entry (source=ram_prefix, "
+            "--cache-prefix).", ["model", "source"], registry=registry,
+        )
         self.prompt_tokens = Counter(
             p + "prompt_tokens_total", "Prompt tokens llama-server evaluated (timings.prompt_n).",
             ["model"], registry=registry,

@@ -209,3 +209,28 @@ async def test_wrong_index_entry_is_dropped_when_server_reuses_nothing(
     assert reg.get_sample_value("llamafleet_router_cache_predictions_total", {"outcome": "false_hit"}) == 1
     assert reg.get_sample_value("llamafleet_router_predicted_cached_tokens_total", {"model": "tiny"}) > 0
     assert reg.get_sample_value("llamafleet_router_actual_cached_tokens_total", {"model": "tiny"}) == 0
+
+
+async def test_a_patched_servers_shared_tokens_are_counted_by_where_they_came_from(
+    make_app: AppFactory, fleet: FakeFleet
+) -> None:
+    """A patched server splits its reuse: `attached_n` from another slot's cells, `prefix_n` from a RAM
+    prefix entry. The gateway counts both beside `cache_n`; an upstream answer (neither) counts none."""
+    for pod in fleet.pods.values():
+        pod.timings = {"cache_n": 900, "prompt_n": 40, "predicted_n": 1, "attached_n": 600, "prefix_n": 300}
+    app = make_app()
+    gateway = app.state.gateway
+    async with app_client(app) as client:
+        resp = await client.post("/v1/chat/completions", json=chat_body())
+        await gateway.tasks.drain(5.0)
+        for pod in fleet.pods.values():
+            pod.timings = {"cache_n": 900, "prompt_n": 40, "predicted_n": 1}
+        again = await client.post("/v1/chat/completions", json=chat_body())
+        await gateway.tasks.drain(5.0)
+    assert resp.status_code == 200 and again.status_code == 200
+    reg = gateway.metrics.registry
+    shared = "llamafleet_router_server_shared_tokens_total"
+    assert reg.get_sample_value(shared, {"model": "tiny", "source": "attached"}) == 600
+    assert reg.get_sample_value(shared, {"model": "tiny", "source": "ram_prefix"}) == 300
+    assert reg.get_sample_value("llamafleet_router_actual_cached_tokens_total", {"model": "tiny"}) == 1800
+

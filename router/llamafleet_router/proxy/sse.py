@@ -41,6 +41,10 @@ class Stats:
     prompt_n: int | None = None
     predicted_n: int | None = None
     prompt_ms: float | None = None  # how long the server took to compute `prompt_n` (timings only)
+    # Of `cache_n`, what a patched server shared from another slot's cells (`--slot-attach`) and what it
+    # copied from a RAM prefix entry (`--cache-prefix`); None from an upstream server.
+    attached_n: int | None = None
+    prefix_n: int | None = None
 
     @property
     def n_tokens(self) -> int:
@@ -74,7 +78,8 @@ def stats_from(obj: Any, previous: Stats | None = None) -> Stats | None:
     timings = obj.get("timings")
     if isinstance(timings, Mapping):
         stats = _merge(stats, Stats(_int(timings.get("cache_n")), _int(timings.get("prompt_n")),
-                                    _int(timings.get("predicted_n")), _float(timings.get("prompt_ms"))))
+                                    _int(timings.get("predicted_n")), _float(timings.get("prompt_ms")),
+                                    _int(timings.get("attached_n")), _int(timings.get("prefix_n"))))
     return stats
 
 
@@ -101,7 +106,8 @@ def _merge(old: Stats | None, new: Stats) -> Stats:
     if old is None:
         return new
     return Stats(_first(new.cache_n, old.cache_n), _first(new.prompt_n, old.prompt_n),
-                 _first(new.predicted_n, old.predicted_n), _first(new.prompt_ms, old.prompt_ms))
+                 _first(new.predicted_n, old.predicted_n), _first(new.prompt_ms, old.prompt_ms),
+                 _first(new.attached_n, old.attached_n), _first(new.prefix_n, old.prefix_n))
 
 
 def _first(new: T | None, old: T | None) -> T | None:

@@ -135,6 +135,9 @@ class AfterResponse:
         predicted_tokens = decision.predicted_blocks * block_tokens
         self._metrics.predicted_cached_tokens.labels(model).inc(predicted_tokens)
         self._metrics.actual_cached_tokens.labels(model).inc(cache_n)
+        for source, shared in (("attached", stats.attached_n), ("ram_prefix", stats.prefix_n)):
+            if shared:  # a patched server's own split of cache_n: what the pod, not the slot, held
+                self._metrics.shared_cached_tokens.labels(model, source).inc(shared)
         self._metrics.prompt_tokens.labels(model).inc(stats.prompt_n or 0)
         verdict = judge(decision.predicted_blocks, cache_n, block_tokens)
         self._metrics.predictions.labels(verdict).inc()
