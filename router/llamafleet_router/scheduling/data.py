@@ -79,6 +79,9 @@ class Branch(StrEnum):
     RESTORE_STAGE_WAIT = "restore_stage_wait"  # waited for a stage another head shares, restored it
     FIRST_SIGHT_DETACHED = "first_sight_detached"  # head built in a borrowed slot; forwarded at once
     RESTORE_FIRST_SIGHT_DETACHED = "restore_first_sight_detached"  # the same, from a restored stage
+    # another request builds the head on this --slot-attach pod: forwarded at once, the server waits
+    # for the building slot and shares its cells
+    FIRST_SIGHT_ATTACH = "first_sight_attach"
     HEAD_EXCEEDS_CONTEXT = "head_exceeds_context"  # the head does not fit the pod's slot context
 
 

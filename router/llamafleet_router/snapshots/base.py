@@ -90,7 +90,9 @@ class SnapshotMetrics:
         )
         self.first_sight = Counter(
             p + "first_sight_total", "Requests whose session prefix the fleet had not seen, by role: "
-            "leader (prefilled and saved it) or waiter (waited for the leader's snapshot).", ["role"],
+            "leader (prefilled and saved it), waiter (waited for the leader's snapshot), stage_waiter (for a "
+            "stage another head's build shares) or attach (forwarded to the --slot-attach pod building it).",
+            ["role"],
             registry=registry,
         )
         self.ships = Counter(

@@ -9,14 +9,17 @@ enough, is strictly shorter than the prompt, and the slot does not already hold 
 - a head that shares a stage with a build in flight waits for that stage first (waits.py);
 - the first request of this replica leads the head's single flight and builds it (leader.py); the
   others wait for its snapshot and restore it (waits.py), except while the leader builds detached: they
-  restored the same stage and go on at once.
+  restored the same stage and go on at once; and except on a --slot-attach pod where the leader builds:
+  they go on at once, and the server shares the building slot's cells (`first_sight_attach`).
 Flights are per model, tenant group and exact head: one group never waits for another group's build.
 """
 
 from __future__ import annotations
 
-from llamafleet_router.scheduling.framework import Decision
-from llamafleet_router.snapshots.base import SnapshotConfig
+from dataclasses import replace
+
+from llamafleet_router.scheduling.framework import Branch, Decision
+from llamafleet_router.snapshots.base import SnapshotConfig, SnapshotMetrics
 from llamafleet_router.snapshots.detached import DetachedBuilds
 from llamafleet_router.snapshots.flights import Prompt
 from llamafleet_router.snapshots.heads import HeadMemory
@@ -42,7 +45,7 @@ def worth_first_sight(prompt: Prompt, decision: Decision, restored: Restored | N
 class FirstSightStep:
     def __init__(
         self, *, builds: HeadBuilds, waits: BuildWaits, leader: Leader,
-        detached: DetachedBuilds, heads: HeadMemory, config: SnapshotConfig,
+        detached: DetachedBuilds, heads: HeadMemory, config: SnapshotConfig, metrics: SnapshotMetrics,
     ) -> None:
         self._builds = builds
         self._waits = waits
@@ -50,6 +53,7 @@ class FirstSightStep:
         self._detached = detached
         self._heads = heads
         self._config = config
+        self._metrics = metrics
 
     async def run(self, prep: Preparation) -> None:
         prompt = head_prompt(prep.req)
@@ -80,8 +84,15 @@ class FirstSightStep:
             # the rest, instead of computing the shared part a second time.
             await self._waits.for_stage(prep, prompt)
         leader, flight = flights.join(key)
+        build = self._builds.get(key)
         if leader:
             await self._leader.lead(prep, prompt, key, lookup)
+        elif prep.target.attach and build is not None and build.pod_uid == prep.target.uid:
+            # A --slot-attach pod waits for the slot computing this head itself and shares its cells:
+            # a copy from the snapshot would hold the head twice in the pod's pool.
+            await self._waits.until_computing(prep, prompt, build)
+            prep.decision = replace(prep.decision, branch=Branch.FIRST_SIGHT_ATTACH)
+            self._metrics.first_sight.labels("attach").inc()
         elif not self._detached.running(key):  # detached: it restored the same stage, go on now
             got = await self._waits.for_head(prep, flight, prompt, key)
             if not got and heads.exceeds(key, prep.slot_context):  # the leader found it too long

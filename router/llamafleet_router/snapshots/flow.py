@@ -78,7 +78,7 @@ class SnapshotFlow:
             ShipStep(Shipper(restorer=self.restorer, metrics=metrics, tasks=tasks), config),
             RestoreStep(self.restorer, self.primer, self.heads),
             FirstSightStep(builds=self.builds, leader=leader, detached=self._detached,
-                           heads=self.heads, config=config,
+                           heads=self.heads, config=config, metrics=metrics,
                            waits=BuildWaits(self.builds, self.restorer, metrics, config)),
             PrimeStep(self.primer, lender, self._detached, config),
         )

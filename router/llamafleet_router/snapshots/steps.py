@@ -69,7 +69,7 @@ class RestoreStep:
 
 class PrimeStep:
     """After this request built its head: load the snapshot into up to `prime_slots` idle slots of its
-    pod, once the request answers (prime.py)."""
+    pod, once the request answers (prime.py); not on a --slot-attach pod."""
 
     def __init__(self, primer: Primer, lender: SlotLender | None, detached: DetachedBuilds,
                  config: SnapshotConfig) -> None:
@@ -79,7 +79,8 @@ class PrimeStep:
         self._config = config
 
     async def run(self, prep: Preparation) -> None:
-        if prep.built is None or self._lender is None:
+        # A --slot-attach pod shares the head's cells with every slot that asks: priming would copy it.
+        if prep.built is None or self._lender is None or prep.target.attach:
             return
         req = prep.req
         self._primer.start(req, prep.built, prep.pods, prep.agents, self._lender, self._config.prime_slots,

@@ -14,6 +14,7 @@ the waiter waits on up to the ceiling: a second prefill beside the first would s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from dataclasses import dataclass, replace
 
@@ -140,6 +141,21 @@ class BuildWaits:
                 prep.restored = outcome
                 prep.decision = replace(prep.decision, action=Action.RESTORE, snapshot=outcome.snapshot,
                                         predicted_blocks=ref.n_blocks, branch=Branch.RESTORE_STAGE_WAIT)
+            return
+
+    async def until_computing(self, prep: Preparation, prompt: Prompt, build: Build) -> None:
+        """Wait (within the build's own limit) until the build of this prompt's head saved its first
+        stage: its slot then computes the rest, and a --slot-attach server waits for that slot rather
+        than computing the head beside it (a request that arrives before the build's own prefill does
+        not know it is coming)."""
+        builds = self._builds
+        for _, stage_key in sorted(builds.stage_flights.keys(prompt, 0).items()):
+            flight = builds.flights.running(stage_key)
+            if flight is None:
+                continue
+            limit = build.started + builds.wait_limit(build.expected_s) - time.monotonic()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(flight), max(limit, 0.0))
             return
 
     async def _restore_when_built(
