@@ -18,7 +18,9 @@ from typing import Any
 import httpx
 from pydantic import SecretStr
 
-from llamafleet_core.index.redis_index import RedisPrefixIndex, RedisSlotLeases, connect_index
+from llamafleet_core.index.redis_conn import connect_index
+from llamafleet_core.index.redis_index import RedisPrefixIndex
+from llamafleet_core.index.redis_leases import RedisSlotLeases
 from llamafleet_core.types import SlotRef
 from llamafleet_router.app import create_app
 from llamafleet_router.discovery.base import Discovery, FenceHook
