@@ -128,3 +128,20 @@ def test_the_fleet_agrees_with_its_own_cold_reference_when_one_was_run() -> None
     assert sglang["agreement"] == 1.0 and sglang["agreement_positions"] == (6 * 3 + 2) * 4
     del data["models"]["tiny-dense"]["reference"]
     assert report.summarize(data)["tiny-dense"]["llamafleet"]["agreement"] < 1.0  # (a) it is, then
+
+
+def test_patched_pods_get_their_own_column_ratios_and_targets() -> None:
+    """Setup (d), llamafleet on patched pods: a column of its own, (a)/(d) and (b)/(d) beside the
+    (c) ratios, and issue 21's figures judged on its medians."""
+    data = raw()
+    data["models"]["tiny-dense"]["setups"]["patched"] = setup(
+        0.05, 0.1, {"24000": 0.06, "32000": 0.07}, 10_400, reused=13_900)
+    summary = report.summarize(data)
+    table = report.markdown(data, summary)
+    assert "(d) llamafleet, patched pods" in table and "(a) / (d) | (b) / (d)" in table
+    third = next(line for line in table.splitlines() if line.startswith("| 3rd concurrent session TTFT, prompts"))
+    assert third.rstrip(" |").split(" | ")[-2:] == ["60.0x", "66.0x"]  # (a)/(d), (b)/(d)
+    got = {t["figure"]: (round(t["value"], 2), t["reached"]) for t in report.targets(data, summary)}
+    assert got["3rd session TTFT: (a)/(d)"] == (60.0, True)
+    assert got["later day after a restart, from disk: (a)/(d)"] == (20.0, True)
+    assert got["(d) prefill tokens / minimum"] == (1.04, True)

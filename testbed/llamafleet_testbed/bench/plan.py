@@ -34,7 +34,7 @@ class Plan:
     threads: int = 1
     # The fleet's pods: off on CPU (`llamafleet_core.devices`); the plain pods keep it on (setups.py).
     flash_attention: str = "off"
-    setups: tuple[str, ...] = ("plain", "sglang", "llamafleet")
+    setups: tuple[str, ...] = ("plain", "sglang", "llamafleet", "patched")
 
 
 @dataclass
@@ -49,9 +49,11 @@ class Profiles:
     day2: AgentProfile | None = None
 
 
-def fleet_docs(model: str, plan: Plan, declared: list[AgentProfile]) -> list[dict[str, Any]]:
-    """FLEET.yaml's documents for a model, with one SharedPrefix per declared profile (pure)."""
-    fleet = {
+def fleet_docs(model: str, plan: Plan, declared: list[AgentProfile],
+               patched_binary: str | None = None) -> list[dict[str, Any]]:
+    """FLEET.yaml's documents for a model, with one SharedPrefix per declared profile (pure).
+    `patched_binary`: setup (d), the patched build's pods over a unified KV pool."""
+    fleet: dict[str, Any] = {
         "apiVersion": "llamafleet.io/v1alpha1", "kind": "LlamaFleet", "metadata": {"name": FLEET},
         "spec": {
             "model": {"name": model, "file": f"{model}.gguf", "source": {"hostPath": "/models"}},
@@ -61,6 +63,9 @@ def fleet_docs(model: str, plan: Plan, declared: list[AgentProfile]) -> list[dic
         },
         "local": {"model": model, "threads": plan.threads},
     }
+    if patched_binary is not None:
+        fleet["spec"]["kvUnified"] = True
+        fleet["local"]["llamaServer"] = patched_binary
     prefixes = [{
         "apiVersion": "llamafleet.io/v1alpha1", "kind": "SharedPrefix", "metadata": {"name": f"declared-{i}"},
         "spec": {"fleetRef": {"name": FLEET}, "tools": list(p.tools),

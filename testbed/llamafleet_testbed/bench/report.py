@@ -1,5 +1,6 @@
 """From raw results to the seed table (pure): per model, one row per figure, one column per setup, and
-the ratios (a)/(c) and (b)/(c); then the issue's targets, each marked reached or missed.
+the ratios (a)/(c) and (b)/(c), and (a)/(d) and (b)/(d) with patched pods; then the issues' targets,
+each marked reached or missed.
 
 Everything is recomputed from the raw JSON (`summarize(raw)`), so a table can be re-rendered, or a
 figure re-checked, without running anything again.
@@ -10,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from llamafleet_testbed.bench.setups import LABELS, SETUPS
+from llamafleet_testbed.bench.setups import FLEETS, LABELS, SETUPS
 from llamafleet_testbed.bench.stats import Spread, agreement, fmt_ratio, ratio, restore_figures, share
 
 MIB = 1024 * 1024
@@ -89,8 +90,9 @@ def summarize(raw: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
         # The fleet's outputs compare with a cold run of its own command line when (a) runs other
         # flags (run.cold_reference); the baselines' with (a).
         refs = {kind: None if kind == "plain" else plain for kind in setups}
-        if res.get("reference") is not None and "llamafleet" in refs:
-            refs["llamafleet"] = res["reference"]
+        for fleet in FLEETS:
+            if res.get("reference") is not None and fleet in refs:
+                refs[fleet] = res["reference"]
         out[model] = {
             kind: summarize_setup(d, refs[kind], int(res.get("minimum_prefill", 0)),
                                   int(res["kv"]["bytes_per_token"]), sizes)
@@ -152,15 +154,16 @@ def markdown(raw: dict[str, Any], summary: dict[str, dict[str, dict[str, Any]]])
     lines: list[str] = []
     for model, setups in summary.items():
         kinds = [k for k in SETUPS if k in setups]
+        ours = [(k, LABELS[k].split(" ", 1)[0]) for k in FLEETS if k in setups]  # (c), (d)
+        heads = [f"{base} / {tag}" for _, tag in ours for base in ("(a)", "(b)")]
         lines += [f"### {model}", "", "| | " + " | ".join(LABELS[k] for k in kinds)
-                  + " | (a) / (c) | (b) / (c) |", "|---|" + "---:|" * (len(kinds) + 2)]
+                  + "".join(f" | {h}" for h in heads) + " |", "|---|" + "---:|" * (len(kinds) + len(heads))]
         for label, text, value in _rows(sizes):
             cells = [text(setups[k]) for k in kinds]
-            ratios = ["", ""]
-            if value is not None and "llamafleet" in setups:
-                c = value(setups["llamafleet"])
-                ratios = [fmt_ratio(ratio(value(setups[k]), c)) if k in setups else "n/a"
-                          for k in ("plain", "sglang")]
+            ratios = [""] * len(heads)
+            if value is not None:
+                ratios = [fmt_ratio(ratio(value(setups[k]), value(setups[fleet]))) if k in setups else "n/a"
+                          for fleet, _ in ours for k in ("plain", "sglang")]
             lines.append(f"| {label} | " + " | ".join(cells + ratios) + " |")
         lines.append("")
     return "\n".join(lines)
@@ -189,6 +192,19 @@ def targets(raw: dict[str, Any], summary: dict[str, dict[str, dict[str, Any]]]) 
             ("prefill tokens / minimum", c["computed_x_min"], "<= 1.1x", c["computed_x_min"] <= 1.1),
             ("greedy agreement with a cold run", c["agreement"], ">= 99%", c["agreement"] >= 0.99),
         ]
+        d = s.get("patched")
+        if d is not None:  # issue 21's figures for (d)
+            for other, tag in ((a, "(a)"), (b, "(b)")):
+                if other is not None:
+                    r = ratio(other["third_as_is"].median, d["third_as_is"].median)
+                    items.append((f"3rd session TTFT: {tag}/(d)", r, ">= 30x", r >= 30.0))
+            r = ratio(a["day_first"].median, d["day_first"].median)
+            items += [
+                ("later day after a restart, from disk: (a)/(d)", r, ">= 10x", r >= 10.0),
+                ("(d) prefill tokens / minimum", d["computed_x_min"], "<= 1.05x",
+                 d["computed_x_min"] <= 1.05),
+                ("(d) greedy agreement with a cold run", d["agreement"], ">= 99%", d["agreement"] >= 0.99),
+            ]
         out += [{"model": model, "figure": n, "value": v, "goal": g, "reached": bool(ok)}
                 for n, v, g, ok in items]
     return out

@@ -26,7 +26,7 @@ from llamafleet_local.up.resolve import Resolved, resolve
 from llamafleet_testbed.bench import scenarios as sc
 from llamafleet_testbed.bench.client import Reply, stream_chat
 from llamafleet_testbed.bench.plan import Plan, Profiles, fleet_docs, make_profiles, prefix_tokens_on
-from llamafleet_testbed.bench.setups import BASELINE_FLASH_ATTENTION, Fleet, PlainPods
+from llamafleet_testbed.bench.setups import BASELINE_FLASH_ATTENTION, FLEETS, Fleet, PlainPods
 from llamafleet_testbed.bench.stats import restore_records
 from llamafleet_testbed.workload import chars_for_tokens, mixed_workload
 
@@ -60,10 +60,10 @@ async def run_setup(setup: PlainPods | Fleet, kind: str, model: str, profiles: P
     out: dict[str, Any] = {"as_is": as_is, "declared": [], "warm_up": [], "sizes": {}}
     async with httpx.AsyncClient(timeout=TIMEOUT) as http:
         url = setup.url
-        if kind == "llamafleet":
+        if kind in FLEETS:
             out["snapshot_files"] = _snapshot_files(setup)
         for r, prof in enumerate(profiles.declared):
-            if kind != "llamafleet":  # (c) declared it: warmed at start; (a) and (b) get a warm-up request
+            if kind not in FLEETS:  # (c), (d) declared it: warmed at start; (a), (b) get a warm-up request
                 out["warm_up"].append((await sc.warm_up(http, url, prof, model)).summary())
             out["declared"].append(replies(await sc.three_sessions(http, url, prof, model, f"declared/{r}")))
             say(f"{kind}: 3 sessions, declared, run {r + 1}: 3rd TTFT {_ttft(out['declared'])}")
@@ -139,11 +139,16 @@ async def run_model(model: str, plan: Plan, run_dir: Path, say: Callable[[str], 
         for kind in plan.setups:  # all started first: the headline runs interleave (module docstring)
             folder = run_dir / model / kind
             setup: PlainPods | Fleet
-            if kind == "llamafleet":
+            if kind in FLEETS:
                 assert profiles is not None, "a plain setup starts first (it calibrates the sizes)"
-                docs = fleet_docs(model, plan, profiles.declared)
+                binary = None
+                if kind == "patched":
+                    from llamafleet_testbed.llama_build import build
+
+                    binary = str(await asyncio.to_thread(build, patched=True))
+                docs = fleet_docs(model, plan, profiles.declared, binary)
                 config: FleetConfig = parse_documents(docs, "bench", run_dir)
-                setup = Fleet(config, folder)
+                setup = Fleet(config, folder, name=kind)
             else:
                 pods = 1 if kind == "plain" else plan.pods
                 setup = PlainPods(kind, resolved, folder, pods, sglang=kind == "sglang")
@@ -174,7 +179,7 @@ async def run_model(model: str, plan: Plan, run_dir: Path, say: Callable[[str], 
     finally:
         for setup in setups.values():
             await setup.stop()
-    if "llamafleet" in plan.setups and plan.flash_attention != BASELINE_FLASH_ATTENTION:
+    if set(FLEETS) & set(plan.setups) and plan.flash_attention != BASELINE_FLASH_ATTENTION:
         assert profiles is not None
         say(f"{model}: cold reference runs with the fleet's own command line (flash attention "
             f"{plan.flash_attention}): greedy agreement compares like with like")

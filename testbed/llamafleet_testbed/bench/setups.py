@@ -6,6 +6,8 @@
   strongest peer router that installs here. `--balance-abs-threshold 1` so that it spreads load at all
   with a handful of sessions (with the default of 64 every request goes to one worker: measured.md).
 - `llamafleet`: `LocalFleet` (pods with agents, the gateway in-process) over the same pods and slots.
+- `patched`: the same fleet on the patched llama-server (`patches/llama.cpp`), with a unified KV pool:
+  `prefixSharing: auto` finds `--slot-attach` and `--cache-prefix` in its `--help` and turns both on.
 
 Every server runs the same renderer's argv (same `-np`, `-c`, KV types, checkpoints, `-t`), so
 differences come from routing and snapshots, with one exception: the plain pods keep flash attention on
@@ -34,8 +36,11 @@ from llamafleet_local.up.procs import Child, stop_all
 from llamafleet_local.up.progress import Reporter
 from llamafleet_local.up.resolve import Resolved
 
-SETUPS = ("plain", "sglang", "llamafleet")
-LABELS = {"plain": "(a) llama-server", "sglang": "(b) sglang-router", "llamafleet": "(c) llamafleet"}
+SETUPS = ("plain", "sglang", "llamafleet", "patched")
+LABELS = {"plain": "(a) llama-server", "sglang": "(b) sglang-router", "llamafleet": "(c) llamafleet",
+          "patched": "(d) llamafleet, patched pods"}
+# The setups that are a llamafleet fleet: (c) on upstream pods, (d) on the patched build's pods
+FLEETS = ("llamafleet", "patched")
 
 
 BASELINE_FLASH_ATTENTION = "on"
@@ -111,10 +116,10 @@ class Fleet:
     """`LocalFleet` as a setup. The gateway's snapshot flow is turned on here when the embedding
     `create_app` has not done it already (it needs the agents' token, which only the fleet knows)."""
 
-    name = "llamafleet"
-
-    def __init__(self, config: FleetConfig, run_dir: Path, state_dir: Path | None = None) -> None:
+    def __init__(self, config: FleetConfig, run_dir: Path, state_dir: Path | None = None,
+                 name: str = "llamafleet") -> None:
         """`state_dir`: where the pods keep their snapshots (default: the run folder, a cold start)."""
+        self.name = name
         options = UpOptions(port=0, index="memory", run_dir=run_dir, restart=False, state_dir=state_dir)
         self.fleet = LocalFleet(config, options, Reporter(io.StringIO()))
         self.url = ""
