@@ -139,7 +139,8 @@ def test_patched_pods_get_their_own_column_ratios_and_targets() -> None:
     summary = report.summarize(data)
     table = report.markdown(data, summary)
     assert "(d) llamafleet, patched pods" in table and "(a) / (d) | (b) / (d)" in table
-    third = next(line for line in table.splitlines() if line.startswith("| 3rd concurrent session TTFT, prompts"))
+    rows = table.splitlines()
+    third = next(line for line in rows if line.startswith("| 3rd concurrent session TTFT, prompts"))
     assert third.rstrip(" |").split(" | ")[-2:] == ["60.0x", "66.0x"]  # (a)/(d), (b)/(d)
     got = {t["figure"]: (round(t["value"], 2), t["reached"]) for t in report.targets(data, summary)}
     assert got["3rd session TTFT: (a)/(d)"] == (60.0, True)
