@@ -16,7 +16,6 @@ cut at a line start are a prefix of the whole text's tokens.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
