@@ -39,7 +39,7 @@ from collections.abc import Sequence
 from typing import Any
 from urllib.parse import quote
 
-from llamafleet_core.index import redis_lua
+from llamafleet_core.index import redis_lua, redis_lua_snapshots
 from llamafleet_core.index.base import (
     DEFAULT_PREFIX,
     DEFAULT_SLOT_TTL_S,
@@ -63,9 +63,9 @@ from llamafleet_core.types import (
 
 _LOOKUP = LuaScript(redis_lua.LOOKUP)
 _RECORD_SLOT = LuaScript(redis_lua.RECORD_SLOT)
-_RECORD_SNAPSHOT = LuaScript(redis_lua.RECORD_SNAPSHOT)
-_FORGET_SNAPSHOT = LuaScript(redis_lua.FORGET_SNAPSHOT)
-_SNAPSHOTS = LuaScript(redis_lua.SNAPSHOTS)
+_RECORD_SNAPSHOT = LuaScript(redis_lua_snapshots.RECORD_SNAPSHOT)
+_FORGET_SNAPSHOT = LuaScript(redis_lua_snapshots.FORGET_SNAPSHOT)
+_SNAPSHOTS = LuaScript(redis_lua_snapshots.SNAPSHOTS)
 _PURGE_POD = LuaScript(redis_lua.PURGE_POD)
 _RECORD_HEAD = LuaScript(redis_lua.RECORD_HEAD)
 _FAMILY = LuaScript(redis_lua.FAMILY)

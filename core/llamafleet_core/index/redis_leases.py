@@ -9,14 +9,24 @@ from __future__ import annotations
 
 from urllib.parse import quote
 
-from llamafleet_core.index import redis_lua
 from llamafleet_core.index.base import DEFAULT_PREFIX
 from llamafleet_core.index.redis_conn import DEFAULT_OP_TIMEOUT_S, RedisBase, decoded, ms
 from llamafleet_core.index.resp import LuaScript, RespClient
 from llamafleet_core.types import SlotRef
 
-_ACQUIRE_LEASE = LuaScript(redis_lua.ACQUIRE_LEASE)
-_RELEASE_LEASE = LuaScript(redis_lua.RELEASE_LEASE)
+# KEYS: lease key; ARGV: holder, ttl ms -> 1 if the holder now holds it. The current holder refreshes.
+_ACQUIRE_LEASE = LuaScript("""
+local cur = redis.call('GET', KEYS[1])
+if cur == ARGV[1] then redis.call('PEXPIRE', KEYS[1], ARGV[2]); return 1 end
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
+return 0
+""")
+
+# KEYS: lease key; ARGV: holder. Compare-and-delete: an expired lease may already be someone else's.
+_RELEASE_LEASE = LuaScript("""
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+""")
 
 
 class RedisSlotLeases(RedisBase):

@@ -10,7 +10,7 @@ has expired.
 
 from __future__ import annotations
 
-_PRELUDE = """
+PRELUDE = """
 if redis.replicate_commands then redis.replicate_commands() end
 local function now_ms()
   local t = redis.call('TIME')
@@ -52,7 +52,7 @@ end
 # new tail) only adds its new blocks: refreshing all 240 block sets cost ~4 commands each. The slot's
 # stored `deadline` stays the EARLIEST deadline of its blocks, so the next record after that tenth
 # refreshes everything and no block outlives its slot or expires under a live one.
-RECORD_SLOT = _PRELUDE + """
+RECORD_SLOT = PRELUDE + """
 local base, podkey, member, ttl, ntok = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
 local conv, head, width = ARGV[6], ARGV[7], tonumber(ARGV[8])
 local now = now_ms()
@@ -115,7 +115,7 @@ return #chain
 # the diff in Lua. A walk of every block costs n * slots instead. Slots come back grouped by run length,
 # so a group that a whole set makes up is joined in C (`table.concat`), not member by member in Lua.
 # Snapshots: one SMISMEMBER finds which query blocks end some snapshot; only those are read.
-LOOKUP = _PRELUDE + """
+LOOKUP = PRELUDE + """
 local base, width, conv, head, hb = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4], tonumber(ARGV[5])
 local q = {}
 if width > 0 then
@@ -221,58 +221,8 @@ for i = 1, #groups do reply[i + 3] = groups[i] end
 return reply
 """
 
-# ARGV: base, pod set key, snapshot id, ttl ms, snapshot json (no deadline), last block
-RECORD_SNAPSHOT = _PRELUDE + """
-local base, podkey, id, ttl, payload, last = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5], ARGV[6]
-local now = now_ms()
-local deadline = now + ttl
-local catalog = base .. 'snaps'
-local old = redis.call('HGET', catalog, id)
-if old then
-  local prev = cjson.decode(old).last_block
-  if prev ~= last then drop_snapshot(base, prev, id) end
-end
-local snap = cjson.decode(payload)
-snap.deadline = deadline
-redis.call('HSET', catalog, id, cjson.encode(snap))
-extend(catalog, ttl)
-add_member(base .. 'snap:' .. last, deadline, id, now, ttl)
-redis.call('SADD', base .. 'snaplast', last)
-extend(base .. 'snaplast', ttl)
-redis.call('SADD', podkey, cjson.encode({'n', base, id}))
-extend(podkey, ttl)
-return 1
-"""
-
-# ARGV: base, pod set key, snapshot id
-FORGET_SNAPSHOT = _PRELUDE + """
-local base, podkey, id = ARGV[1], ARGV[2], ARGV[3]
-local catalog = base .. 'snaps'
-local old = redis.call('HGET', catalog, id)
-if old then
-  drop_snapshot(base, cjson.decode(old).last_block, id)
-  redis.call('HDEL', catalog, id)
-end
-redis.call('SREM', podkey, cjson.encode({'n', base, id}))
-return old and 1 or 0
-"""
-
-# ARGV: base -> live snapshot payloads; expired ones are deleted on the way (the catalog is one hash
-# whose fields cannot expire on their own in Redis 7.0).
-SNAPSHOTS = _PRELUDE + """
-local catalog = ARGV[1] .. 'snaps'
-local now = now_ms()
-local live = {}
-local all = redis.call('HGETALL', catalog)
-for i = 1, #all, 2 do
-  if cjson.decode(all[i + 1]).deadline > now then live[#live + 1] = all[i + 1]
-  else redis.call('HDEL', catalog, all[i]) end
-end
-return live
-"""
-
 # ARGV: pod set key -> how many live entries were removed
-PURGE_POD = _PRELUDE + """
+PURGE_POD = PRELUDE + """
 local podkey = ARGV[1]
 local now = now_ms()
 local removed = 0
@@ -303,26 +253,11 @@ redis.call('DEL', podkey)
 return removed
 """
 
-# KEYS: lease key; ARGV: holder, ttl ms -> 1 if the holder now holds it. The current holder refreshes.
-ACQUIRE_LEASE = """
-local cur = redis.call('GET', KEYS[1])
-if cur == ARGV[1] then redis.call('PEXPIRE', KEYS[1], ARGV[2]); return 1 end
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
-return 0
-"""
-
-# KEYS: lease key; ARGV: holder. Compare-and-delete: an expired lease may already be someone else's.
-RELEASE_LEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
-
-
 # ARGV: heads key, points key, ttl ms, max heads, max points, the head member, then the point members
 # (newest first). Each list is a ZSET scored by time (now * 100, minus the member's place in this call,
 # so one call's members keep their order): ZADD moves a member seen again to the front, and
 # ZREMRANGEBYRANK keeps the newest. The points live as long as the family's latest head.
-RECORD_HEAD = _PRELUDE + """
+RECORD_HEAD = PRELUDE + """
 local hkey, pkey, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local max_heads, max_points = tonumber(ARGV[4]), tonumber(ARGV[5])
 local score = now_ms() * 100
