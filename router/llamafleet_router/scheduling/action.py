@@ -42,6 +42,7 @@ from llamafleet_router.scheduling.costs import (
 from llamafleet_router.scheduling.data import (
     INDEX_AVAILABLE,
     LOOKUP,
+    NO_LOOKUP,
     Branch,
     CycleState,
     Decision,
@@ -192,9 +193,6 @@ def choose_action(
     return ActionChoice(Action.COMPUTE, None, held, Branch.COLD, wanted)
 
 
-_EMPTY = Lookup()
-
-
 class ActionDecider:
     def __init__(self, costs: ActionCosts, speeds: SpeedBook | None, affinity_scorers: Iterable[str]) -> None:
         self._costs = costs
@@ -215,7 +213,7 @@ class ActionDecider:
         if not state.read(INDEX_AVAILABLE, True):
             branch = Branch.SESSION_AFFINITY if affinity else Branch.DEGRADED_HASH
             return Decision(c.endpoint, c.slot, Action.DIRECT, None, 0, branch, holder)
-        lookup = state.read(LOOKUP, _EMPTY)
+        lookup = state.read(LOOKUP, NO_LOOKUP)
         costs = self._costs if self._speeds is None else self._speeds.costs(c.endpoint.pod.uid)
         choice = choose_action(req.prompt, c.endpoint, c.slot, lookup, costs, others=c.state.in_flight)
         branch = Branch.SESSION_AFFINITY if choice.branch == Branch.COLD and affinity else choice.branch

@@ -35,6 +35,9 @@ T = TypeVar("T")
 # nothing from being pinned to one busy slot, and -1 is llama-server's own "any slot" value for id_slot.
 ANY_SLOT = -1
 
+# What a plugin reads for LOOKUP when no producer wrote it: one shared, read-only empty lookup.
+NO_LOOKUP = Lookup()
+
 
 # ---- collaborators (structural) --------------------------------------------------------------------
 

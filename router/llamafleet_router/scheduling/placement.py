@@ -29,6 +29,7 @@ from llamafleet_router.scheduling.config import LeaseConfig
 from llamafleet_router.scheduling.framework import (
     ANY_SLOT,
     LOOKUP,
+    NO_LOOKUP,
     Branch,
     Candidate,
     CycleState,
@@ -43,7 +44,6 @@ from llamafleet_router.scheduling.lookup_view import pod_best_slots
 log = logging.getLogger(__name__)
 
 _MOVES = 2  # lease attempts when moving a restore to an older slot (another replica may hold them)
-_EMPTY = Lookup()
 
 #: (point, plugin type, name, started): the scheduler's per-step latency report.
 Report = Callable[[str, str, str, float], None]
@@ -95,7 +95,7 @@ class Placement:
         if decision.action is not Action.RESTORE or decision.snapshot is None:
             return decision
         s, holder = pick.candidate.state, decision.lease_holder
-        lookup = state.read(LOOKUP, _EMPTY)
+        lookup = state.read(LOOKUP, NO_LOOKUP)
         for slot in restore_targets(s, decision.slot, lookup, decision.snapshot.n_blocks)[:_MOVES]:
             if self._leases is not None and holder is not None:
                 try:

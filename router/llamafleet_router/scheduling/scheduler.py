@@ -24,13 +24,14 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from llamafleet_core.types import Lookup, SlotRef
+from llamafleet_core.types import SlotRef
 from llamafleet_router.scheduling.action import ActionDecider
 from llamafleet_router.scheduling.candidates import candidates, slot_groups
 from llamafleet_router.scheduling.config import PipelineConfig
 from llamafleet_router.scheduling.framework import (
     INDEX_AVAILABLE,
     LOOKUP,
+    NO_LOOKUP,
     RESTORE_ENABLED,
     Candidate,
     CycleState,
@@ -157,7 +158,7 @@ class Scheduler:
                 raise NoEndpointError(f"no endpoint for model {req.model!r} left after filter {f.name!r}")
         if not survivors:
             raise NoEndpointError(f"no endpoint for model {req.model!r}")
-        lookup = state.read(LOOKUP, _EMPTY)
+        lookup = state.read(LOOKUP, NO_LOOKUP)
         named = slot_groups(lookup, (ref for n in self._nominators for ref in n.nominate(req, state)))
         idle = candidates(survivors, named, idle_only=True)
         decision = None
@@ -229,6 +230,3 @@ class Scheduler:
             self._metrics(point, plugin_type, name, time.perf_counter() - started)
         except Exception:
             log.exception("metrics hook failed")
-
-
-_EMPTY = Lookup()

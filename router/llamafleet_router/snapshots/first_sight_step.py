@@ -10,7 +10,8 @@ enough, is strictly shorter than the prompt, and the slot does not already hold 
 - the first request of this replica leads the head's single flight and builds it (leader.py); the
   others wait for its snapshot and restore it (waits.py), except while the leader builds detached: they
   restored the same stage and go on at once; and except on a --slot-attach pod where the leader builds:
-  they go on at once, and the server shares the building slot's cells (`first_sight_attach`).
+  they go on once the build saved its first stage, and the server shares the building slot's cells
+  (`first_sight_attach`).
 Flights are per model, tenant group and exact head: one group never waits for another group's build.
 """
 

@@ -19,9 +19,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from llamafleet_core.types import Lookup, SlotRef
+from llamafleet_core.types import SlotRef
 from llamafleet_router.scheduling.framework import (
     LOOKUP,
+    NO_LOOKUP,
     Candidate,
     CycleState,
     PluginHandle,
@@ -44,13 +45,13 @@ class PrefixMatchScorer:
         return cls(name)
 
     def applies(self, req: SchedRequest, state: CycleState) -> bool:
-        return bool(req.prompt.blocks) and bool(state.read(LOOKUP, Lookup()).slots)
+        return bool(req.prompt.blocks) and bool(state.read(LOOKUP, NO_LOOKUP).slots)
 
     def score(
         self, req: SchedRequest, state: CycleState, candidates: Sequence[Candidate]
     ) -> dict[SlotRef, float]:
         total = len(req.prompt.blocks)
-        lookup = state.read(LOOKUP, Lookup())
+        lookup = state.read(LOOKUP, NO_LOOKUP)
         if total == 0 or not lookup.slots:
             return {c.key: 0.0 for c in candidates}
         slots = lookup.slots

@@ -26,9 +26,10 @@ from typing import Any, ClassVar
 
 from pydantic import Field
 
-from llamafleet_core.types import Lookup, SlotRef
+from llamafleet_core.types import SlotRef
 from llamafleet_router.scheduling.framework import (
     LOOKUP,
+    NO_LOOKUP,
     Candidate,
     CycleState,
     Decision,
@@ -37,8 +38,6 @@ from llamafleet_router.scheduling.framework import (
     PluginSpec,
     SchedRequest,
 )
-
-_NONE = Lookup()
 
 
 class SessionAffinityParams(PluginParams):
@@ -65,7 +64,7 @@ class SessionAffinityScorer:
     def _session_slot(self, req: SchedRequest, state: CycleState) -> SlotRef | None:
         if req.session_id is not None:
             return self._last.get(req.session_id)
-        return state.read(LOOKUP, _NONE).conversation
+        return state.read(LOOKUP, NO_LOOKUP).conversation
 
     def score(
         self, req: SchedRequest, state: CycleState, candidates: Sequence[Candidate]

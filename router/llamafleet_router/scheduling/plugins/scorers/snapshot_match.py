@@ -31,6 +31,7 @@ from llamafleet_core.types import Lookup, SlotRef
 from llamafleet_router.scheduling.action import extends_strictly
 from llamafleet_router.scheduling.framework import (
     LOOKUP,
+    NO_LOOKUP,
     RESTORE_ENABLED,
     Candidate,
     CycleState,
@@ -62,7 +63,7 @@ class SnapshotMatchScorer:
         self, req: SchedRequest, state: CycleState, candidates: Sequence[Candidate]
     ) -> dict[SlotRef, float]:
         total = len(req.prompt.blocks)
-        lookup = state.read(LOOKUP, Lookup())
+        lookup = state.read(LOOKUP, NO_LOOKUP)
         if total == 0 or not lookup.snapshots or not state.read(RESTORE_ENABLED, True):
             return {c.key: 0.0 for c in candidates}
         # The exact-text check hashes up to the whole prompt: once per snapshot, not per candidate.
