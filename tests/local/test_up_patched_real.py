@@ -63,7 +63,8 @@ def test_a_fleet_of_patched_pods_runs_attach_and_prefix_entries_and_shares_the_a
         actions = [r.headers.get("x-llamafleet-action") for r in answers]
         head = min(r.json()["usage"]["prompt_tokens"] for r in answers) - 40
         # every session reused nearly all of the head: from a slot, or from another slot's cells
-        assert all(r.json()["timings"]["cache_n"] >= 0.9 * head for r in answers), actions
+        reused = [r.json()["timings"]["cache_n"] for r in answers]
+        assert all(n >= 0.9 * head for n in reused), (head, list(zip(actions, reused, strict=True)))
         # the burst's sessions waited for the one build of the head and attached its cells (no
         # snapshot restored into a slot of the pod building it, none primed)
         attached = sum(r.json()["timings"]["attached_n"] for r in burst)

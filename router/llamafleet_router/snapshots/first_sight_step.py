@@ -91,7 +91,7 @@ class FirstSightStep:
         elif prep.target.attach and build is not None and build.pod_uid == prep.target.uid:
             # A --slot-attach pod waits for the slot computing this head itself and shares its cells:
             # a copy from the snapshot would hold the head twice in the pod's pool.
-            await self._waits.until_computing(prep, prompt, build)
+            await self._waits.until_computing(prep, prompt, build, flight)
             prep.decision = replace(prep.decision, branch=Branch.FIRST_SIGHT_ATTACH)
             self._metrics.first_sight.labels("attach").inc()
         elif not self._detached.running(key):  # detached: it restored the same stage, go on now

@@ -74,6 +74,7 @@ class Leader:
             extra_cuts=extra, known=known, on_saved=self._builds.stage_flights.saved(stages),
             slot_context=prep.slot_context,
         ))
+        self._builds.computing(key)  # its stage flights are open: waiters can follow the prefill
         # (the built head is remembered there, before the flight ends: its waiters read it as they wake)
         build.add_done_callback(lambda t: self._builds.finish(key, stages, self._built(key, prep, t)))
         try:
@@ -114,6 +115,7 @@ class Leader:
             return False, extra
         self._primed.take(lent.decision.slot_ref)  # the build overwrites what it was primed with
         self._detached.start(prep.req, prompt, key, base, lent, prep.agents, extra, known)
+        self._builds.computing(key)
         detached = Branch.RESTORE_FIRST_SIGHT_DETACHED if prep.restored else Branch.FIRST_SIGHT_DETACHED
         prep.decision = replace(prep.decision, branch=detached)
         return True, extra

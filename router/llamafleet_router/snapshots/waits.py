@@ -14,9 +14,9 @@ the waiter waits on up to the ceiling: a second prefill beside the first would s
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from llamafleet_core.types import Action, SnapshotRef
 from llamafleet_router.scheduling.costs import ActionCosts
@@ -42,11 +42,13 @@ Flight = asyncio.Future[SnapshotRef | None]
 
 @dataclass(frozen=True, slots=True)
 class Build:
-    """A build in flight: where it runs, since when, and how long it is expected to take."""
+    """A build in flight: where it runs, since when, and how long it is expected to take. `computing`
+    is set once its prefill is under way (its stage flights open, or its detached build started)."""
 
     pod_uid: str
     started: float  # time.monotonic()
     expected_s: float
+    computing: asyncio.Event = field(default_factory=asyncio.Event, compare=False)
 
 
 class HeadBuilds:
@@ -67,6 +69,12 @@ class HeadBuilds:
 
     def get(self, key: FlightKey) -> Build | None:
         return self._running.get(key)
+
+    def computing(self, key: FlightKey) -> None:
+        """The build of `key` has started its prefill (`Build.computing`)."""
+        build = self._running.get(key)
+        if build is not None:
+            build.computing.set()
 
     def finish(self, key: FlightKey, stages: StageKeys, ref: SnapshotRef | None) -> None:
         self._running.pop(key, None)
@@ -143,19 +151,26 @@ class BuildWaits:
                                         predicted_blocks=ref.n_blocks, branch=Branch.RESTORE_STAGE_WAIT)
             return
 
-    async def until_computing(self, prep: Preparation, prompt: Prompt, build: Build) -> None:
-        """Wait (within the build's own limit) until the build of this prompt's head saved its first
-        stage: its slot then computes the rest, and a --slot-attach server waits for that slot rather
-        than computing the head beside it (a request that arrives before the build's own prefill does
-        not know it is coming)."""
+    async def until_computing(self, prep: Preparation, prompt: Prompt, build: Build, head: Flight) -> None:
+        """Wait (within the build's own limit, and never past the head's flight `head`) until the build
+        of this prompt's head has started and saved its first stage: its slot then computes the rest,
+        and a --slot-attach server waits for that slot rather than computing the head beside it (a
+        request that arrives before the build's own prefill does not know it is coming)."""
         builds = self._builds
+        limit = build.started + builds.wait_limit(build.expected_s) - time.monotonic()
+        deadline = time.monotonic() + max(limit, 0.0)
+        started = asyncio.ensure_future(build.computing.wait())
+        either: list[asyncio.Future[Any]] = [started, head]
+        try:
+            await asyncio.wait(either, timeout=max(limit, 0.0), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            started.cancel()
         for _, stage_key in sorted(builds.stage_flights.keys(prompt, 0).items()):
             flight = builds.flights.running(stage_key)
-            if flight is None:
+            if flight is None or head.done():
                 continue
-            limit = build.started + builds.wait_limit(build.expected_s) - time.monotonic()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(flight), max(limit, 0.0))
+            await asyncio.wait([flight, head], timeout=max(deadline - time.monotonic(), 0.0),
+                               return_when=asyncio.FIRST_COMPLETED)
             return
 
     async def _restore_when_built(
