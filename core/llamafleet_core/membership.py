@@ -52,6 +52,7 @@ class Member:
     ready: bool
     epoch: int
     attach: bool = False
+    cache_prefix: bool = False
     warm: tuple[str, ...] = field(default=())
 
     @property
@@ -67,7 +68,7 @@ class Member:
         return Endpoint(
             pod=PodRef(name=self.name, uid=self.uid, epoch=self.epoch),
             url=self.url, model=self.model, n_slots=self.slots, agent_url=self.agent_url,
-            ready=self.ready, attach=self.attach,
+            ready=self.ready, attach=self.attach, cache_prefix=self.cache_prefix,
         )
 
 
@@ -75,7 +76,8 @@ def encode(member: Member) -> str:
     return json.dumps({
         "name": member.name, "uid": member.uid, "ip": member.ip, "port": member.port,
         "agentPort": member.agent_port, "slots": member.slots, "model": member.model,
-        "ready": member.ready, "epoch": member.epoch, "attach": member.attach, "warm": list(member.warm),
+        "ready": member.ready, "epoch": member.epoch, "attach": member.attach,
+        "cachePrefix": member.cache_prefix, "warm": list(member.warm),
     }, sort_keys=True, separators=(",", ":"))
 
 
@@ -90,7 +92,7 @@ def from_fields(data: dict[str, Any]) -> Member:
         name=str(data["name"]), uid=str(data["uid"]), ip=str(data["ip"]), port=int(data["port"]),
         agent_port=int(data["agentPort"]), slots=int(data["slots"]), model=str(data["model"]),
         ready=bool(data["ready"]), epoch=int(data["epoch"]), attach=bool(data.get("attach", False)),
-        warm=tuple(str(w) for w in data.get("warm") or ()),
+        cache_prefix=bool(data.get("cachePrefix", False)), warm=tuple(str(w) for w in data.get("warm") or ()),
     )
 
 

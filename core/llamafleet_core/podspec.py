@@ -40,12 +40,33 @@ def model_path(spec: LlamaFleetSpec, model_dir: str = MODEL_DIR) -> str:
     return str(PurePosixPath(model_dir) / spec.model.file)
 
 
+def unified_kv(spec: LlamaFleetSpec, *, attach_supported: bool) -> bool:
+    """Resolve `kvUnified`: unset means one pool exactly where slots attach (`attach: on`, or `auto` on an
+    image with --slot-attach), since attach shares cells within one pool; per-slot streams elsewhere."""
+    if spec.kv_unified is not None:
+        return spec.kv_unified
+    mode = spec.prefix_sharing.attach
+    return mode == "on" or (mode == "auto" and attach_supported)
+
+
 def attach_enabled(spec: LlamaFleetSpec, *, supported: bool) -> bool:
     """Resolve `prefixSharing.attach`: `on` is honoured even if the image lacks it (the pod fails loudly)."""
     mode = spec.prefix_sharing.attach
     if mode == "on":
         return True
-    return mode == "auto" and supported and spec.kv_unified
+    return mode == "auto" and supported and unified_kv(spec, attach_supported=supported)
+
+
+def for_image(spec: LlamaFleetSpec, *, attach_supported: bool) -> LlamaFleetSpec:
+    """The spec with what depends on the image settled (pure): `kvUnified` (`unified_kv`), and where
+    slots attach and `prefixSharing.headTokens` is set, the pool's size: the head once plus every slot's
+    own context, since attached slots hold the head's cells once between them. Every renderer of a
+    pod reads this spec, so the server, the agent's fingerprint and the fleet's config agree."""
+    update: dict[str, object] = {"kv_unified": unified_kv(spec, attach_supported=attach_supported)}
+    head = spec.prefix_sharing.head_tokens
+    if head is not None and spec.context_total is None and attach_enabled(spec, supported=attach_supported):
+        update["context_total"] = head + spec.slots * (spec.context_per_slot - head)
+    return spec.model_copy(update=update)
 
 
 def cache_prefix_enabled(spec: LlamaFleetSpec, *, supported: bool) -> bool:
@@ -79,7 +100,7 @@ def kv_settings(spec: LlamaFleetSpec) -> dict[str, str | int | bool]:
         "cache_type_k": spec.cache_type_k,
         "cache_type_v": spec.cache_type_v,
         "flash_attn": spec.flash_attention,
-        "kv_unified": spec.kv_unified,
+        "kv_unified": bool(spec.kv_unified),
         "n_slots": spec.slots,
         "swa_full": False,
     }

@@ -37,6 +37,7 @@ class Endpoint:
     agent_url: str | None = None  # the snapshot agent beside it, if any
     ready: bool = True
     attach: bool = False  # a patched build with --slot-attach
+    cache_prefix: bool = False  # a patched build with --cache-prefix: RAM entries of heads (`ram_slot`)
     # False when the model's slots resume only at llama-server's context checkpoints (recurrent or
     # sliding-window layers, see gguf_meta.py): a slot holding more than the prompt shares gives less.
     resume_anywhere: bool = True
@@ -45,6 +46,15 @@ class Endpoint:
     @property
     def uid(self) -> str:
         return self.pod.uid
+
+
+def ram_slot(head_tag: str) -> int:
+    """The slot number under which the index records the RAM prefix entry a --cache-prefix pod keeps of
+    one head (`PromptTags.head`): not a slot any request is pinned to, but what every slot of the pod
+    may load. Negative, so that every reader of slot numbers in [0, n_slots) passes over it; one per
+    head, so that a pod keeping the heads of several agents has a record for each (a record replaces
+    what the same slot number held before)."""
+    return -1 - int(hashlib.sha256(head_tag.encode()).hexdigest()[:8], 16)
 
 
 class SlotRef(NamedTuple):

@@ -35,7 +35,8 @@ class RouterSettings(BaseSettings):
     #: Port to listen on.
     port: int = Field(default=8000, ge=0, le=65535)
     #: Static pods: comma-separated llama-server URLs, each optionally followed by `|agent_url` and then
-    #: `|attach` when the pod runs the patched `--slot-attach`.
+    #: `|attach` when the pod runs the patched `--slot-attach`, `|attach+cache-prefix` with
+    #: `--cache-prefix` too.
     pods: Annotated[list[str], NoDecode] = Field(default_factory=list)
     #: Where the pods come from: `static` (`pods`) or `redis` (the fleet membership the operator writes
     #: to redis_url).

@@ -50,7 +50,7 @@ CASES: dict[str, tuple[str, dict[str, Any], str | None]] = {
     "quantized V, flash attention by default": (LF, {"cacheTypeV": "q4_0"}, None),
     "f16 V without flash attention": (LF, {"cacheTypeV": "f16", "flashAttention": "off"}, None),
     "bf16 V without flash attention": (LF, {"cacheTypeV": "bf16", "flashAttention": "off"}, None),
-    "attach on without a unified KV": (LF, {"prefixSharing": {"attach": "on"}}, R.ATTACH_NEEDS_UNIFIED),
+    "attach on, kvUnified unset (auto: unified)": (LF, {"prefixSharing": {"attach": "on"}}, None),
     "attach on, kvUnified false": (
         LF, {"prefixSharing": {"attach": "on"}, "kvUnified": False}, R.ATTACH_NEEDS_UNIFIED),
     "attach on with a unified KV": (LF, {"prefixSharing": {"attach": "on"}, "kvUnified": True}, None),
@@ -62,7 +62,14 @@ CASES: dict[str, tuple[str, dict[str, Any], str | None]] = {
         LF, {"prefixSharing": {"cachePrefix": "on"}, "cacheRamMiB": -1}, None),
     "cachePrefix off, RAM cache off": (
         LF, {"prefixSharing": {"cachePrefix": "off"}, "cacheRamMiB": 0}, None),
-    "contextTotal without a unified KV": (LF, {"contextTotal": 8192}, R.CONTEXT_TOTAL_NEEDS_UNIFIED),
+    "contextTotal, kvUnified false": (LF, {"contextTotal": 8192, "kvUnified": False},
+                                      R.CONTEXT_TOTAL_NEEDS_UNIFIED),
+    "contextTotal, kvUnified unset (auto)": (LF, {"contextTotal": 8192}, None),
+    "headTokens of the whole slot context": (
+        LF, {"contextPerSlot": 4096, "prefixSharing": {"headTokens": 4096}}, R.HEAD_BELOW_SLOT_CONTEXT),
+    "headTokens of the default slot context": (
+        LF, {"prefixSharing": {"headTokens": 32768}}, R.HEAD_BELOW_SLOT_CONTEXT),
+    "headTokens within the slot context": (LF, {"prefixSharing": {"headTokens": 14000}}, None),
     "contextTotal with a unified KV": (LF, {"contextTotal": 8192, "kvUnified": True}, None),
     "pvc storage, a Deployment, no claim": (LF, {"snapshots": {"storage": "pvc"}}, R.PVC_NEEDS_NAME),
     "pvc storage, a Deployment named, no claim": (
@@ -119,7 +126,7 @@ def test_each_cross_field_rule_is_in_cel_and_breaks_in_some_case() -> None:
         for rule in wanted:
             assert any(r.path == "" and r.rule == rule["rule"] for r in in_crd), rule
             assert rule["message"] in broken, f"no case breaks {rule['message']!r}"
-    assert len(R.FLEET_SPEC_RULES) == 5
+    assert len(R.FLEET_SPEC_RULES) == 6
 
 
 def test_the_unquantized_list_in_cel_is_the_models() -> None:

@@ -53,10 +53,11 @@ def test_wire_form_is_camel_case_and_round_trips() -> None:
 
 
 def test_defaults_pin_the_kv_layout_when_fields_are_omitted() -> None:
-    """Nothing KV-related is left to llama-server's auto: defaults are concrete values."""
+    """Nothing KV-related is left to llama-server's auto: defaults are concrete values, but kvUnified,
+    which the operator settles from the image (podspec.for_image) before any pod renders."""
     spec = LlamaFleetSpec.model_validate(fleet_spec())
     layout = (spec.flash_attention, spec.cache_type_k, spec.cache_type_v, spec.kv_unified)
-    assert layout == ("on", "f16", "f16", False)
+    assert layout == ("on", "f16", "f16", None)
     assert spec.workload == "Deployment" and spec.snapshots.storage == "disk"
     assert spec.n_ctx == spec.slots * spec.context_per_slot
 
@@ -70,7 +71,8 @@ def test_defaults_pin_the_kv_layout_when_fields_are_omitted() -> None:
         ({"cacheTypeK": "q3_k"}, "cacheTypeK"),
         ({"cacheTypeV": "q8_0", "flashAttention": "off"}, "cacheTypeV"),
         ({"flashAttention": "auto"}, "flashAttention"),
-        ({"prefixSharing": {"attach": "on"}}, "kvUnified"),
+        ({"prefixSharing": {"attach": "on"}, "kvUnified": False}, "kvUnified"),
+        ({"contextPerSlot": 4096, "prefixSharing": {"headTokens": 5000}}, "headTokens"),
         ({"snapshots": {"storage": "pvc"}}, "snapshots.pvcName"),
         ({"snapshots": {"sizeLimit": "lots"}}, "sizeLimit"),
         ({"workload": "DaemonSet"}, "workload"),

@@ -73,6 +73,43 @@ def test_attach_resolution(mode: str, unified: bool, supported: bool, expected: 
 
 
 @pytest.mark.parametrize(
+    ("mode", "unified", "supported", "expected"),
+    [
+        ("auto", None, True, True),  # unset: one pool on a patched image, to attach in
+        ("auto", None, False, False),  # upstream or unknown image: per-slot streams, as before
+        ("on", None, False, True),
+        ("off", None, True, False),
+        ("auto", False, True, False),
+        ("off", True, False, True),
+    ],
+)
+def test_kv_unified_unset_follows_attach(
+        mode: str, unified: bool | None, supported: bool, expected: bool) -> None:
+    s = spec(kvUnified=unified, prefixSharing={"attach": mode})
+    assert podspec.unified_kv(s, attach_supported=supported) is expected
+    resolved = podspec.for_image(s, attach_supported=supported)
+    assert resolved.kv_unified is expected
+    server = podspec.llama_server_args(resolved, model_path="/m", port=1, slot_save_path="/s")
+    agent = podspec.agent_args(resolved, port=2, server_url="http://s", snapshot_dir="/s", model_path="/m")
+    assert ("-kvu" in server, "--kv-unified" in agent, podspec.kv_settings(resolved)["kv_unified"]) == \
+        (expected, expected, expected)
+
+
+def test_a_pool_where_slots_attach_holds_the_head_once_plus_every_slots_own_context() -> None:
+    s = spec(slots=3, contextPerSlot=16384, prefixSharing={"headTokens": 14000})
+    patched = podspec.for_image(s, attach_supported=True)
+    assert patched.n_ctx == 14000 + 3 * (16384 - 14000)
+    server = podspec.llama_server_args(patched, model_path="/m", port=1, slot_save_path="/s", attach=True)
+    assert server[server.index("-c") + 1] == str(patched.n_ctx)
+    assert server[server.index("--kv-unified-per-slot") + 1] == "16384"  # a slot may still hold all
+    # upstream pods, an explicit pool size, or no head size: the pool is not shrunk
+    assert podspec.for_image(s, attach_supported=False).n_ctx == 3 * 16384
+    assert podspec.for_image(spec(slots=3, contextPerSlot=16384, contextTotal=40000,
+                                  prefixSharing={"headTokens": 14000}), attach_supported=True).n_ctx == 40000
+    assert podspec.for_image(spec(slots=3, contextPerSlot=16384), attach_supported=True).n_ctx == 3 * 16384
+
+
+@pytest.mark.parametrize(
     ("mode", "cache_ram", "supported", "expected"),
     [
         ("auto", None, True, True),
@@ -91,7 +128,8 @@ def test_cache_prefix_resolution(mode: str, cache_ram: int | None, supported: bo
     ("sharing", "overrides", "expected"),
     [
         ({}, {}, True),  # cachePrefix auto with the RAM cache at its default
-        ({"cachePrefix": "off"}, {}, False),  # attach auto cannot apply without kvUnified
+        ({"cachePrefix": "off"}, {"kvUnified": False}, False),  # attach auto cannot apply: per-slot streams
+        ({"cachePrefix": "off"}, {}, True),  # kvUnified unset: unified where the image attaches
         ({"cachePrefix": "off"}, {"kvUnified": True}, True),
         ({"cachePrefix": "on", "attach": "on"}, {"kvUnified": True}, False),  # nothing left to detect
         ({"attach": "off"}, {"cacheRamMiB": 0}, False),

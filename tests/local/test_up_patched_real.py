@@ -1,10 +1,10 @@
 """A whole local fleet on the real patched llama-server, driven with Hermes Agent's request layout.
 
-`llamafleet up` with the default `prefixSharing: auto` reads the binary's `--help`, finds `--slot-attach`
-and `--cache-prefix`, and runs every pod with both (over a unified KV pool). The gateway routes those
-pods with their pod-level reuse: a session whose head another slot of the pod holds is sent there
-directly, and the server attaches the cells or copies its RAM prefix entry. The test checks what the
-servers themselves say they shared, through the gateway's count of it.
+`llamafleet up` with the default `prefixSharing: auto` and `kvUnified` unset reads the binary's `--help`,
+finds `--slot-attach` and `--cache-prefix`, and runs every pod with both over a unified KV pool. The
+gateway routes those pods with their pod-level reuse: a session whose head another slot of the pod
+holds, or the pod keeps as a RAM prefix entry, is sent there directly, and the server attaches the
+cells or loads the entry. The tests check what the servers themselves say they shared and kept.
 """
 
 from __future__ import annotations
@@ -16,13 +16,19 @@ from pathlib import Path
 import httpx
 import pytest
 
-from llamafleet_testbed.hermes_layout import hermes_profile
+from llamafleet_testbed.hermes_layout import ClientProfile, hermes_profile, load_layout
 from llamafleet_testbed.workload import WorkloadSpec
 from tests.local.up_bed import Up, fleet_yaml, start_up, wait_health
 
 pytestmark = [pytest.mark.llama, pytest.mark.redis, pytest.mark.slow]
 
 PROFILE = hermes_profile(WorkloadSpec(day=dt.date(2026, 11, 2)))
+# Another agent's head, parting from the first within its first tokens: its tools in another order and
+# its system prompt with a line of its own first (another day's would share all but the date line)
+_LAYOUT = load_layout()
+OTHER_AGENT = hermes_profile(WorkloadSpec(day=dt.date(2026, 11, 2)), layout={
+    **_LAYOUT, "tools": list(reversed(_LAYOUT["tools"])),
+    "system_prompt": "You are the release agent.\n" + _LAYOUT["system_prompt"]})
 SHARED = "llamafleet_router_server_shared_tokens_total"
 
 
@@ -32,11 +38,11 @@ def _metric(text: str, name: str) -> float:
                if line.startswith(name + "{") or line.startswith(name + " "))
 
 
-async def _sessions(url: str, questions: list[str]) -> list[httpx.Response]:
+async def _sessions(url: str, questions: list[str], profile: ClientProfile = PROFILE) -> list[httpx.Response]:
     async with httpx.AsyncClient(timeout=600.0) as http:
         return list(await asyncio.gather(*(
             http.post(url + "/v1/chat/completions",
-                      json=PROFILE.request("tiny-dense", q, max_tokens=4, stream=False))
+                      json=profile.request("tiny-dense", q, max_tokens=4, stream=False))
             for q in questions)))
 
 
@@ -44,8 +50,7 @@ def test_a_fleet_of_patched_pods_runs_attach_and_prefix_entries_and_shares_the_a
     tmp_path: Path, patched_llama_server_bin: Path
 ) -> None:
     config = tmp_path / "fleet.yaml"
-    config.write_text(fleet_yaml(patched_llama_server_bin, replicas=2, slots=3, context=16_384)
-                      .replace("contextPerSlot: 16384", "contextPerSlot: 16384\n  kvUnified: true"))
+    config.write_text(fleet_yaml(patched_llama_server_bin, replicas=2, slots=3, context=16_384))
     up: Up = start_up(tmp_path, config, "run")
     try:
         with httpx.Client(timeout=60.0) as http:
@@ -78,5 +83,41 @@ def test_a_fleet_of_patched_pods_runs_attach_and_prefix_entries_and_shares_the_a
             metrics = http.get(up.url + "/metrics").text
         assert computed < 1.3 * head, (computed, head, actions)  # the head computed once in the fleet
         assert _metric(metrics, SHARED) >= attached
+    finally:
+        assert up.terminate() == 0, up.stderr_tail()
+
+
+def test_a_head_a_pod_keeps_in_ram_is_routed_there_and_loaded_from_its_prefix_entry(
+    tmp_path: Path, patched_llama_server_bin: Path
+) -> None:
+    """Once another head took every slot, the pod that keeps the first head as a RAM prefix entry (the
+    server said so: `timings.prefix_entry_n`) is where that head's next session goes, directly, and the
+    server loads it from RAM rather than the gateway restoring a snapshot or the server computing."""
+    config = tmp_path / "fleet.yaml"
+    config.write_text(fleet_yaml(patched_llama_server_bin, replicas=2, slots=1, context=16_384))
+    up: Up = start_up(tmp_path, config, "run")
+    try:
+        with httpx.Client(timeout=60.0) as http:
+            wait_health(http, up.url, timeout=300)
+        (first,) = asyncio.run(_sessions(up.url, ["Session 0: list the changed files."]))
+        assert first.status_code == 200, first.text[:200]
+        keeper = first.headers["x-llamafleet-pod"]
+        entry = first.json()["timings"]["prefix_entry_n"]
+        assert entry > 0, first.json()["timings"]
+        # another agent's sessions, at once, take the slot of each pod
+        taken = asyncio.run(_sessions(up.url, ["Session 1: run the tests.", "Session 2: fix the lint."],
+                                      OTHER_AGENT))
+        assert all(r.status_code == 200 for r in taken), [r.text[:200] for r in taken]
+        pods = {r.headers["x-llamafleet-pod"] for r in taken}
+        assert len(pods) == 2 and keeper in pods, pods
+
+        (again,) = asyncio.run(_sessions(up.url, ["Session 3: explain the failure."]))
+        assert again.status_code == 200, again.text[:200]
+        timings = again.json()["timings"]
+        assert (again.headers["x-llamafleet-pod"], again.headers["x-llamafleet-action"]) == \
+            (keeper, "direct/ram_hit"), timings
+        # the server took it from RAM: its prefix entry, or the fuller state of the slot's previous
+        # session, which upstream's cache kept when the other agent took the slot (whichever holds more)
+        assert timings["cache_n"] >= entry and timings["prompt_n"] < 200, (timings, entry)
     finally:
         assert up.terminate() == 0, up.stderr_tail()

@@ -132,7 +132,7 @@ class Kubelet:
         settings = AgentSettings(
             llama_url=server.url, snapshot_dir=snapdir, model_file=self.model, model_name=spec.model.name,
             cache_type_k=str(kv["cache_type_k"]), cache_type_v=str(kv["cache_type_v"]),
-            flash_attn=str(kv["flash_attn"]), kv_unified=bool(kv["kv_unified"]), slots=spec.slots,
+            flash_attn=str(kv["flash_attn"]), kv_unified="-kvu" in server_c["args"], slots=spec.slots,
             budget_bytes=podspec.snapshot_budget_bytes(spec), pod_name=name, await_required=True,
             peer_networks=list(LOOPBACK_NETWORKS),  # every "pod" of this kubelet is on loopback
         )

@@ -119,10 +119,11 @@ def image_features(api: KubeEmulator) -> dict[str, Any] | None:
 
 async def test_auto_attach_turns_on_when_a_pod_agent_reports_the_image_supports_it(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, redis_url: str) -> None:
-    """auto + kvUnified: off while unknown; a pod's agent reports --slot-attach and --cache-prefix; status
-    records them for the image; the Deployment is re-rendered with both flags (server) and --attach
-    (agent); membership says which pods really run with attach; a new image drops the record and the
-    flags until its own pods report."""
+    """auto, kvUnified unset: off (per-slot streams) while unknown; a pod's agent reports --slot-attach and
+    --cache-prefix; status records them for the image; the Deployment is re-rendered with both flags
+    over one KV pool sized for the head once (server) and --attach --kv-unified (agent); membership
+    says which pods really run with them; a new image drops the record and the flags until its own
+    pods report."""
     prefix = f"t{uuid.uuid4().hex[:8]}"
     async with emulated_api(tmp_path) as (api, kubeconfig):
         monkeypatch.setenv("KUBECONFIG", kubeconfig)
@@ -134,12 +135,15 @@ async def test_auto_attach_turns_on_when_a_pod_agent_reports_the_image_supports_
             agent_serving(tmp_path / "tiny-0", PATCHED_HELP) as port0,
             agent_serving(tmp_path / "tiny-1", PATCHED_HELP) as port1,
         ):
-            await create(api, fleet_manifest(image=PATCHED_IMAGE, replicas=1, kvUnified=True))
+            await create(api, fleet_manifest(image=PATCHED_IMAGE, replicas=1, contextPerSlot=4096,
+                                             prefixSharing={"headTokens": 3000}))
             first = await eventually(lambda: obj(api, DEPLOYMENTS, "tiny"), what="deployment")
             pod_spec = first["spec"]["template"]["spec"]
             detector = next(c for c in pod_spec["initContainers"] if c["name"] == "detect-features")
             assert detector["image"] == PATCHED_IMAGE and "/app/llama-server" in detector["command"]
             assert "--slot-attach" not in server_args(api), "auto must stay off while the image is unknown"
+            unknown = server_args(api)
+            assert "-no-kvu" in unknown and unknown[unknown.index("-c") + 1] == "8192"
             assert first["spec"]["template"]["metadata"]["annotations"][L.ATTACH] == "false"
 
             await realize_pod(api, "tiny-0", first, port0)
@@ -150,10 +154,11 @@ async def test_auto_attach_turns_on_when_a_pod_agent_reports_the_image_supports_
             assert record["slotAttach"] is True and record["cachePrefix"] is True
             args = await eventually(lambda: "--slot-attach" in server_args(api) and server_args(api),
                                     what="deployment re-rendered with --slot-attach")
-            assert "--cache-prefix" in args
+            assert "--cache-prefix" in args and "-kvu" in args
+            assert args[args.index("-c") + 1] == str(3000 + 2 * (4096 - 3000))  # the head once, 2 slots
             deploy = obj(api, DEPLOYMENTS, "tiny")
             assert deploy is not None
-            assert "--attach" in container(deploy, "agent")["args"]
+            assert {"--attach", "--kv-unified"} <= set(container(deploy, "agent")["args"])
             assert deploy["spec"]["template"]["metadata"]["annotations"][L.ATTACH] == "true"
             # The status is patched after the Deployment is applied: wait for it too.
             def attached() -> dict[str, Any] | None:
@@ -168,13 +173,13 @@ async def test_auto_attach_turns_on_when_a_pod_agent_reports_the_image_supports_
             await realize_pod(api, "tiny-1", deploy, port1)
             client = aioredis.Redis.from_url(redis_url)
             try:
-                async def attach_by_pod() -> dict[str, bool] | None:
+                async def attach_by_pod() -> dict[str, tuple[bool, bool]] | None:
                     members = await membership.read_members(client, NS, "tiny", prefix=prefix)
-                    found = {m.name: m.attach for m in members}
+                    found = {m.name: (m.attach, m.cache_prefix) for m in members}
                     return found if len(found) == 2 else None
 
                 assert await eventually(attach_by_pod, what="membership of both pods") == {
-                    "tiny-0": False, "tiny-1": True}
+                    "tiny-0": (False, False), "tiny-1": (True, True)}
             finally:
                 await client.aclose()
 

@@ -160,11 +160,13 @@ def test_agent_answer_becomes_a_record_for_the_image(
     assert F.same(rec, rec.model_copy(update={"detected_at": "2001-01-01T00:00:00Z"}))
 
 
-def test_member_attach_is_the_pods_own_args_not_the_fleets() -> None:
+def test_member_patched_flags_are_the_pods_own_args_not_the_fleets() -> None:
     """During the rollout that turns attach on, only pods started from the new template have it."""
-    old, new = running_pod("a", IMAGE), running_pod("b", IMAGE, server_args=("-m", "x", "--slot-attach"))
-    assert P.member(old, model="m", slots=2, warm=()).attach is False
-    assert P.member(new, model="m", slots=2, warm=()).attach is True
+    old = running_pod("a", IMAGE)
+    new = running_pod("b", IMAGE, server_args=("-m", "x", "--slot-attach", "--cache-prefix"))
+    for pod, expected in ((old, (False, False)), (new, (True, True))):
+        found = P.member(pod, model="m", slots=2, warm=())
+        assert (found.attach, found.cache_prefix) == expected
 
 
 def test_status_records_the_features_and_the_resolved_flags() -> None:

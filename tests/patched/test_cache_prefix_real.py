@@ -41,11 +41,19 @@ def test_every_later_session_starts_from_the_heads_entry_and_answers_as_a_cold_r
 ) -> None:
     """The first session saves the head's entry; a session on an empty slot loads it, and so does the
     next one after that slot was emptied again (the entry was copied, not moved out), each computing
-    only its question; their greedy answers equal a cold run's."""
+    only its question; their greedy answers equal a cold run's. Every answer says how much of its
+    prompt an entry holds (`prefix_entry_n`: the head, whether saved now or kept before), even one
+    whose slot reused the head from its own cells; a request without the cache says nothing of it."""
     server = _server(start_patched_server, tiny_models, name, *FLAGS, slots_dir=tmp_path / "slots")
     head = _head_tokens(server.url)
     assert head > 10_000
-    bed.chat(server.url, bed.body("Session A: what is in this folder?", max_tokens=2, slot=0))
+    first = bed.chat(server.url, bed.body("Session A: what is in this folder?", max_tokens=2, slot=0))
+    assert head - 16 <= first["timings"]["prefix_entry_n"] <= head, (head, first["timings"])
+    own = bed.chat(server.url, bed.body("Session A2: and in the next?", max_tokens=2, slot=0))
+    assert own["timings"]["prefix_n"] == 0 and own["timings"]["cache_n"] >= head - 16, own["timings"]
+    assert own["timings"]["prefix_entry_n"] == first["timings"]["prefix_entry_n"]
+    uncached = bed.chat(server.url, bed.body("Session A3: again?", max_tokens=2, slot=0, cache_prompt=False))
+    assert uncached["timings"]["prefix_entry_n"] == 0
     saved = bed.metrics(server.url)
     assert saved["prompt_cache_prefix_entries"] == 1 and saved["prompt_cache_prefix_bytes"] > 0, saved
 
@@ -56,7 +64,7 @@ def test_every_later_session_starts_from_the_heads_entry_and_answers_as_a_cold_r
         answer = bed.chat(server.url, request)
         timings = answer["timings"]
         assert head - 16 <= timings["prefix_n"] <= head, (head, timings)
-        assert timings["cache_n"] == timings["prefix_n"], timings
+        assert timings["cache_n"] == timings["prefix_n"] == timings["prefix_entry_n"], timings
         assert timings["prompt_n"] == answer["usage"]["prompt_tokens"] - timings["cache_n"]
         answers.append((request, answer))
     after = bed.metrics(server.url)

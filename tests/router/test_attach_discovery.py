@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from llamafleet_core.membership import Member, write_members
+from llamafleet_core.membership import Member, decode, encode, write_members
 from llamafleet_router.discovery.membership import MembershipDiscovery, wanted_specs
 from llamafleet_router.discovery.pod_spec import PodSpec
 from llamafleet_router.discovery.static import StaticDiscovery
@@ -19,22 +19,32 @@ from llamafleet_router.settings import RouterSettings
 from tests.router.fakes import FakeFleet, FakePod
 
 
-def member(i: int, *, attach: bool) -> Member:
+def member(i: int, *, attach: bool, cache_prefix: bool = False) -> Member:
     return Member(name=f"pod-{i}", uid=f"uid-{i}", ip=f"10.0.0.{i}", port=8080, agent_port=8090, slots=2,
-                  model="tiny", ready=True, epoch=1000 + i, attach=attach)
+                  model="tiny", ready=True, epoch=1000 + i, attach=attach, cache_prefix=cache_prefix)
 
 
-def test_static_pod_list_accepts_an_attach_field() -> None:
-    settings = RouterSettings(pods="http://a:1|http://a:2|attach,http://b:1||attach,http://c:1")
+def test_static_pod_list_accepts_a_field_of_patched_flags() -> None:
+    settings = RouterSettings(pods="http://a:1|http://a:2|attach,http://b:1||attach+cache-prefix,"
+                                   "http://c:1,http://d:1||cache-prefix")
     assert settings.pod_specs == [
-        PodSpec("http://a:1", "http://a:2", True), PodSpec("http://b:1", None, True), PodSpec("http://c:1")]
-    with pytest.raises(ValueError, match="only be `attach`"):
+        PodSpec("http://a:1", "http://a:2", True), PodSpec("http://b:1", None, True, cache_prefix=True),
+        PodSpec("http://c:1"), PodSpec("http://d:1", None, False, cache_prefix=True)]
+    with pytest.raises(ValueError, match="may only list attach, cache-prefix: 'yes'"):
         PodSpec.parse("http://a:1|http://a:2|yes")
+    with pytest.raises(ValueError, match="'cache_prefix'"):
+        RouterSettings(pods="http://a:1||attach+cache_prefix")
 
 
-def test_wanted_specs_carry_each_members_attach() -> None:
-    specs = wanted_specs([member(1, attach=True), member(2, attach=False)])
-    assert [s.attach for s in specs.values()] == [True, False]
+def test_wanted_specs_carry_each_members_patched_flags() -> None:
+    specs = wanted_specs([member(1, attach=True, cache_prefix=True), member(2, attach=False)])
+    assert [(s.attach, s.cache_prefix) for s in specs.values()] == [(True, True), (False, False)]
+
+
+def test_a_members_cache_prefix_flag_survives_its_record() -> None:
+    entry = member(3, attach=True, cache_prefix=True)
+    assert decode(encode(entry)) == entry and decode(encode(entry)).endpoint().cache_prefix
+    assert not decode(encode(member(4, attach=True))).cache_prefix
 
 
 @pytest.mark.redis

@@ -121,6 +121,11 @@ class PrefixSharing(CRModel):
     cache_prefix: FeatureMode = "auto"
     """`--cache-prefix`: a persistent RAM cache entry at the first user message. Needs the RAM cache
     (cacheRamMiB not 0)."""
+    head_tokens: int | None = Field(default=None, ge=1, le=1 << 21)
+    """Tokens of the head the fleet's sessions share (tool schemas and system prompt). Where slots
+    attach, the unified pool then holds it once plus every slot's own context,
+    `headTokens + slots * (contextPerSlot - headTokens)`, instead of `slots * contextPerSlot`; sessions
+    of other heads beyond that find the pool full. Unset: the pool is not shrunk."""
     server_binary: str = Field(default="/app/llama-server", pattern=r"^/[A-Za-z0-9._/+-]+$", max_length=255)
     """Where llama-server is inside `image`, for detection (the official llama.cpp server images'
     path by default; when absent there, the detector looks `llama-server` up on the PATH)."""
@@ -145,13 +150,16 @@ class LlamaFleetSpec(CRModel):
     context_per_slot: int = Field(default=32768, ge=512, le=1 << 21)
     """Tokens each slot may hold."""
     context_total: int | None = Field(default=None, ge=512)
-    """With kvUnified: size of the shared KV pool in tokens (default slots * contextPerSlot)."""
+    """With a unified pool: its size in tokens. Default slots * contextPerSlot, or, where slots attach and
+    `prefixSharing.headTokens` is set, the head once plus every slot's own context (podspec.for_image)."""
     cache_type_k: CacheType = "f16"
     cache_type_v: CacheType = "f16"
     flash_attention: Literal["on", "off"] = "on"
     """Pinned on or off, never auto: the choice changes the KV layout that snapshots hold."""
-    kv_unified: bool = False
-    """One KV pool shared by all slots. Off by default: per-slot streams keep idle prefixes in VRAM."""
+    kv_unified: bool | None = None
+    """One KV pool shared by all slots. Unset: one pool exactly where slots attach (an image with
+    --slot-attach, `prefixSharing.attach` not off), per-slot streams elsewhere, which keep idle
+    prefixes in VRAM on upstream builds."""
     cache_ram_mib: int | None = Field(default=None, ge=-1, alias="cacheRamMiB")
     """llama-server's RAM prompt cache in MiB (`--cache-ram`; -1 unlimited, 0 off; unset: server default)."""
     ctx_checkpoints: int | None = Field(default=None, ge=0, le=4096)
@@ -180,12 +188,15 @@ class LlamaFleetSpec(CRModel):
     def _consistent(self) -> LlamaFleetSpec:
         if self.cache_type_v not in UNQUANTIZED and self.flash_attention == "off":
             raise ValueError(f"{rules.QUANTIZED_V_NEEDS_FA} (got {self.cache_type_v})")
-        if self.prefix_sharing.attach == "on" and not self.kv_unified:
+        if self.prefix_sharing.attach == "on" and self.kv_unified is False:
             raise ValueError(rules.ATTACH_NEEDS_UNIFIED)
         if self.prefix_sharing.cache_prefix == "on" and self.cache_ram_mib == 0:
             raise ValueError(rules.CACHE_PREFIX_NEEDS_RAM)
-        if self.context_total is not None and not self.kv_unified:
+        if self.context_total is not None and self.kv_unified is False:
             raise ValueError(rules.CONTEXT_TOTAL_NEEDS_UNIFIED)
+        head = self.prefix_sharing.head_tokens
+        if head is not None and head >= self.context_per_slot:
+            raise ValueError(rules.HEAD_BELOW_SLOT_CONTEXT)
         snaps = self.snapshots
         if snaps.storage == "pvc" and self.workload == "Deployment" and snaps.pvc_name is None:
             raise ValueError(rules.PVC_NEEDS_NAME)

@@ -18,13 +18,15 @@ from pydantic.config import JsonDict, JsonValue
 _UNQUANTIZED_CEL = "['bf16', 'f16', 'f32']"
 
 QUANTIZED_V_NEEDS_FA = "cacheTypeV: a quantized V cache needs flashAttention: on"
-ATTACH_NEEDS_UNIFIED = "prefixSharing.attach: on needs kvUnified: true (slots share one KV pool)"
+ATTACH_NEEDS_UNIFIED = "prefixSharing.attach: on needs kvUnified: true or unset (slots share one KV pool)"
 CACHE_PREFIX_NEEDS_RAM = "prefixSharing.cachePrefix: on needs the RAM prompt cache (cacheRamMiB not 0)"
-CONTEXT_TOTAL_NEEDS_UNIFIED = "contextTotal: only meaningful with kvUnified: true"
+CONTEXT_TOTAL_NEEDS_UNIFIED = "contextTotal: only meaningful with a unified KV pool (kvUnified not false)"
+HEAD_BELOW_SLOT_CONTEXT = "prefixSharing.headTokens: must be less than contextPerSlot"
 PVC_NEEDS_NAME = ("snapshots.pvcName: required for storage pvc with a Deployment "
                   "(or use workload: StatefulSet for a claim per pod)")
 
-_UNIFIED = "(has(self.kvUnified) && self.kvUnified)"
+# kvUnified unset is `auto`: unified wherever slots attach (podspec.unified_kv)
+_UNIFIED = "(!has(self.kvUnified) || self.kvUnified)"
 
 FLEET_SPEC_RULES: list[dict[str, str]] = [
     {"rule": f"!has(self.cacheTypeV) || self.cacheTypeV in {_UNQUANTIZED_CEL} "
@@ -38,6 +40,9 @@ FLEET_SPEC_RULES: list[dict[str, str]] = [
      "message": CACHE_PREFIX_NEEDS_RAM},
     {"rule": f"!has(self.contextTotal) || {_UNIFIED}",
      "message": CONTEXT_TOTAL_NEEDS_UNIFIED},
+    {"rule": "!has(self.prefixSharing) || !has(self.prefixSharing.headTokens) "
+             "|| self.prefixSharing.headTokens < (has(self.contextPerSlot) ? self.contextPerSlot : 32768)",
+     "message": HEAD_BELOW_SLOT_CONTEXT},
     {"rule": "!has(self.snapshots) || !has(self.snapshots.storage) || self.snapshots.storage != 'pvc' "
              "|| (has(self.workload) && self.workload == 'StatefulSet') || has(self.snapshots.pvcName)",
      "message": PVC_NEEDS_NAME},

@@ -87,16 +87,18 @@ def detach_log(handler: logging.Handler) -> None:
 
 
 def build_app(pods: Sequence[tuple[str, str]], index: Index, readiness: Readiness, *, model_name: str,
-              agent_token: str, poll_interval: float = 0.5, attach: bool = False,
+              agent_token: str, poll_interval: float = 0.5, attach: bool = False, cache_prefix: bool = False,
               min_batch_tokens: int | None = None, pod_api_key: str | None = None,
               prefix_key: str = "") -> Starlette:
     """The router app over `(llama_url, agent_url)` pods, exactly as `llamafleet router` builds it,
     with the agents' token, so restore-on-miss and first-sight snapshots are on. `attach`: the pods run
-    llama-server with --slot-attach (static pods say so with a third field). `min_batch_tokens`: the
+    llama-server with --slot-attach, `cache_prefix`: with --cache-prefix (static pods say so with a third
+    field). `min_batch_tokens`: the
     prefill cost model's small-batch cliff for the pods' build (None: the pipeline's default).
     `prefix_key`: the index's hash key, which warming uses too (`state.prefix_key`). A local fleet has
     one user, on 127.0.0.1 and without API keys: the routing headers are on for it."""
-    flag = "|attach" if attach else ""
+    flags = "+".join(name for name, on in (("attach", attach), ("cache-prefix", cache_prefix)) if on)
+    flag = f"|{flags}" if flags else ""
     settings = RouterSettings(
         pods=[f"{url}|{agent}{flag}" for url, agent in pods], redis_url=index.redis_url,
         index="redis" if index.redis_url else "memory", poll_interval=poll_interval, model_name=model_name,

@@ -64,16 +64,19 @@ def attach(spec: LlamaFleetSpec, features: ServerFeatures | None) -> bool:
     return podspec.attach_enabled(spec, supported=features is not None and features.slot_attach)
 
 
+def cache_prefix(spec: LlamaFleetSpec, features: ServerFeatures | None) -> bool:
+    """`prefixSharing.cachePrefix` resolved against what the binary accepts (pure; unknown counts as no)."""
+    return podspec.cache_prefix_enabled(spec, supported=features is not None and features.cache_prefix)
+
+
 def server_argv(binary: Path, spec: LlamaFleetSpec, pod: PodLayout, model: Path,
                 features: ServerFeatures | None = None, api_key_file: Path | None = None) -> list[str]:
     """llama-server's full argv (pure): the binary, then exactly `podspec.llama_server_args`, with the
     patched flags the binary is known to accept (`features`, from its `--help`) as the operator would.
     `api_key_file`: the key a fleet with `apiKeySecretRef` runs its servers with (`up` makes one)."""
-    known = features if features is not None else ServerFeatures()
-    cache_prefix = podspec.cache_prefix_enabled(spec, supported=known.cache_prefix)
     return [str(binary), *podspec.llama_server_args(
         spec, model_path=str(model), port=pod.server_port, slot_save_path=str(pod.snapshot_dir), host=HOST,
-        attach=attach(spec, features), cache_prefix=cache_prefix,
+        attach=attach(spec, features), cache_prefix=cache_prefix(spec, features),
         api_key_file=str(api_key_file) if api_key_file is not None else None,
     )]
 

@@ -87,6 +87,7 @@ def resolve(config: FleetConfig, say: Callable[[str], None]) -> Resolved:
     features = server_features(binary) if podspec.detects_features(spec) else None
     if podspec.detects_features(spec):
         say(f"llama-server prefix-sharing flags: {summary(features)}")
+    spec = podspec.for_image(spec, attach_supported=features is not None and features.slot_attach)
     min_batch = server_min_batch_tokens(binary, spec.flash_attention)
     if min_batch:
         say(f"llama-server has no GPU device: the gateway weighs prefills under {min_batch} tokens as slow")

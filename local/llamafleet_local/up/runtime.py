@@ -34,6 +34,7 @@ from llamafleet_local.up.contexts import context_note, read_slot_context, traine
 from llamafleet_local.up.options import EMBEDDED, UpOptions
 from llamafleet_local.up.pods import LocalPod, layout
 from llamafleet_local.up.pods import attach as pod_attach
+from llamafleet_local.up.pods import cache_prefix as pod_cache_prefix
 from llamafleet_local.up.procs import dying_with_parent
 from llamafleet_local.up.progress import FleetProgress, PrefixProgress, Reporter
 from llamafleet_local.up.resolve import Resolved, resolve
@@ -166,10 +167,13 @@ class LocalFleet:
         sock = gw.bind("127.0.0.1", self.options.port)
         self._log_handler = gw.log_to_file(self.run_dir / "gateway.log")
         pods = [(p.layout.llama_url, p.layout.agent_url) for p in self.pods]
-        attach = self.resolved is not None and pod_attach(self.resolved.spec, self.resolved.features)
+        resolved = self.resolved
+        attach = resolved is not None and pod_attach(resolved.spec, resolved.features)
+        cache_prefix = resolved is not None and pod_cache_prefix(resolved.spec, resolved.features)
         min_batch = self.resolved.min_batch_tokens if self.resolved is not None else None
         self.app = gw.build_app(pods, self.index, self.readiness, model_name=self.model,
-                                agent_token=self.agent_token, attach=attach, min_batch_tokens=min_batch,
+                                agent_token=self.agent_token, attach=attach, cache_prefix=cache_prefix,
+                                min_batch_tokens=min_batch,
                                 pod_api_key=self.pod_api_key, prefix_key=self.prefix_key)
         self.gateway_url = await self._stack.enter_async_context(gw.serve(self.app, sock))
         self.reporter.say(f"gateway {self.gateway_url} (503 on /health until every pod is up and warm)")

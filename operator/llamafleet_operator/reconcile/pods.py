@@ -64,12 +64,12 @@ def warm_pod(pod: Pod, api_key: str | None = None) -> WarmPod:
                    agent_url=f"http://{ip}:{agent}", llama_api_key=api_key)
 
 
-def attach(pod: Pod) -> bool:
-    """Whether this pod's llama-server runs with --slot-attach. Its own args are the truth: during the
-    rollout that turns the flag on, old pods run without it while new ones have it."""
+def server_flag(pod: Pod, flag: str) -> bool:
+    """Whether this pod's llama-server runs with `flag` (--slot-attach, --cache-prefix). Its own args are
+    the truth: during the rollout that turns a flag on, old pods run without it while new ones have it."""
     for container in (pod.get("spec") or {}).get("containers") or []:
         if container.get("name") == "llama-server":
-            return "--slot-attach" in (container.get("args") or [])
+            return flag in (container.get("args") or [])
     return False
 
 
@@ -79,6 +79,7 @@ def member(pod: Pod, *, model: str, slots: int, warm: tuple[str, ...]) -> Member
     return Member(
         name=name(pod), uid=str(pod["metadata"]["uid"]), ip=str(pod["status"]["podIP"]),
         port=server, agent_port=agent, slots=int(annotations.get(L.SLOTS, slots)), model=model,
-        ready=ready(pod), epoch=epoch_ms(pod), attach=attach(pod), warm=warm,
+        ready=ready(pod), epoch=epoch_ms(pod), attach=server_flag(pod, "--slot-attach"),
+        cache_prefix=server_flag(pod, "--cache-prefix"), warm=warm,
     )
 

@@ -65,6 +65,11 @@ class Target:
         """The image of this target's agent containers (and of the model download)."""
         return effective_agent_image(spec.agent_image, self.agent_image)
 
+    def spec_of(self, fleet: LlamaFleet) -> LlamaFleetSpec:
+        """The fleet's spec with what depends on this target's image settled (`podspec.for_image`): what
+        every renderer of the pods and their config reads."""
+        return podspec.for_image(fleet.spec, attach_supported=self.attach_supported)
+
     def attach(self, spec: LlamaFleetSpec) -> bool:
         """Whether this target's pods run llama-server with --slot-attach."""
         return podspec.attach_enabled(spec, supported=self.attach_supported)

@@ -262,7 +262,7 @@ def _scheduling(spec: LlamaFleetSpec) -> Manifest:
 
 def pod_template(fleet: LlamaFleet, target: Target) -> Manifest:
     """The pod template of the workload; its spec-hash annotation changes whenever the pod spec does."""
-    spec = fleet.spec
+    spec = target.spec_of(fleet)
     pod_spec: Manifest = {
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,

@@ -34,7 +34,7 @@ def render_service(fleet: LlamaFleet, target: Target) -> Manifest:
 
 def fleet_config(fleet: LlamaFleet, target: Target) -> dict[str, object]:
     """What the agent and the gateway read about the fleet: the model and the KV layout snapshots need."""
-    spec = fleet.spec
+    spec = target.spec_of(fleet)
     return {
         "fleet": target.name,
         "namespace": target.namespace,

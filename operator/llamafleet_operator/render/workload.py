@@ -14,7 +14,7 @@ from llamafleet_operator.render.pod import pod_template
 
 
 def render_workload(fleet: LlamaFleet, target: Target) -> Manifest:
-    spec = fleet.spec
+    spec = target.spec_of(fleet)
     body: Manifest = {
         "replicas": spec.replicas,
         "selector": {"matchLabels": L.fleet_labels(target.name)},

@@ -68,6 +68,7 @@ class InfoRoutes:
             "pods": [
                 {"url": pod.endpoint.url, "uid": pod.endpoint.uid if pod.props else None, "model": pod.model,
                  "up": pod.ready, "slots": pod.endpoint.n_slots, "attach": pod.endpoint.attach,
+                 "cachePrefix": pod.endpoint.cache_prefix,
                  "busy_slots": sorted(pod.busy_slots),
                  "in_flight": g.in_flight.count(pod.endpoint.uid)}
                 for pod in pods

@@ -53,7 +53,8 @@ def wanted_specs(members: Sequence[Member], fleet_of: Mapping[str, str] | None =
     """The pods to watch, by URL: ready members only (pure, so the policy is testable alone), each with
     its fleet's `namespace/name` from `fleet_of` (by URL): who serves a model name (`ownership.py`)."""
     fleets = fleet_of or {}
-    return {m.url: PodSpec(m.url, m.agent_url, m.attach, fleets.get(m.url)) for m in members if m.ready}
+    return {m.url: PodSpec(m.url, m.agent_url, m.attach, fleets.get(m.url), m.cache_prefix)
+            for m in members if m.ready}
 
 
 class MembershipDiscovery:

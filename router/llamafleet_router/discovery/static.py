@@ -168,6 +168,7 @@ class StaticDiscovery:
             agent_url=pod.spec.agent_url,
             ready=pod.up,
             attach=pod.spec.attach,
+            cache_prefix=pod.spec.cache_prefix,
             resume_anywhere=pod.resume_anywhere,
         )
         return PodStatus(endpoint=endpoint, props=pod.props, busy_slots=pod.busy if pod.up else frozenset(),

@@ -45,6 +45,9 @@ class Stats:
     # copied from a RAM prefix entry (`--cache-prefix`); None from an upstream server.
     attached_n: int | None = None
     prefix_n: int | None = None
+    # The tokens of the prompt a RAM prefix entry of that server holds after the request (its head, up to
+    # the first user message: kept before, or saved by this prefill); None from other servers.
+    prefix_entry_n: int | None = None
 
     @property
     def n_tokens(self) -> int:
@@ -79,7 +82,8 @@ def stats_from(obj: Any, previous: Stats | None = None) -> Stats | None:
     if isinstance(timings, Mapping):
         stats = _merge(stats, Stats(_int(timings.get("cache_n")), _int(timings.get("prompt_n")),
                                     _int(timings.get("predicted_n")), _float(timings.get("prompt_ms")),
-                                    _int(timings.get("attached_n")), _int(timings.get("prefix_n"))))
+                                    _int(timings.get("attached_n")), _int(timings.get("prefix_n")),
+                                    _int(timings.get("prefix_entry_n"))))
     return stats
 
 
@@ -107,7 +111,8 @@ def _merge(old: Stats | None, new: Stats) -> Stats:
         return new
     return Stats(_first(new.cache_n, old.cache_n), _first(new.prompt_n, old.prompt_n),
                  _first(new.predicted_n, old.predicted_n), _first(new.prompt_ms, old.prompt_ms),
-                 _first(new.attached_n, old.attached_n), _first(new.prefix_n, old.prefix_n))
+                 _first(new.attached_n, old.attached_n), _first(new.prefix_n, old.prefix_n),
+                 _first(new.prefix_entry_n, old.prefix_entry_n))
 
 
 def _first(new: T | None, old: T | None) -> T | None:

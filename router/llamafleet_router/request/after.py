@@ -4,7 +4,10 @@
 Runs in a tracked background task, never on the request path. The index is a hint and llama-server's
 `timings.cache_n` is the truth: when the index predicted that the slot held part of the prompt
 (`predicted_blocks > 0`) but the server reused about nothing, the entry was wrong and is dropped
-(`forget_slot`) before the new content is recorded. Index errors are logged and counted, never raised;
+(`forget_slot`) before the new content is recorded. A --cache-prefix server also says whether it keeps
+the prompt's head as a RAM prefix entry (`timings.prefix_entry_n`): recorded under the head's RAM slot
+(`types.ram_slot`), which any slot of the pod can load, or dropped when a request sent there for it
+found none (evicted). Index errors are logged and counted, never raised;
 `IndexUnavailable` also flips the app into degraded mode until the index answers again.
 """
 
@@ -16,11 +19,12 @@ from typing import Protocol
 
 from llamafleet_core.index.base import IndexUnavailable, PrefixIndex
 from llamafleet_core.prefix.identity import PromptIdentity
-from llamafleet_core.types import SlotRef
+from llamafleet_core.types import PromptTags, SlotRef, ram_slot
 from llamafleet_router.background import IndexHealth
 from llamafleet_router.metrics import RouterMetrics
 from llamafleet_router.proxy.relay import Outcome
 from llamafleet_router.proxy.sse import Stats
+from llamafleet_router.scheduling.data import Branch
 from llamafleet_router.scheduling.framework import ANY_SLOT, Decision, EndpointState, SchedRequest
 from llamafleet_router.scheduling.speeds import SpeedBook
 
@@ -154,11 +158,25 @@ class AfterResponse:
                                 "predicted_blocks": decision.predicted_blocks, "cache_n": cache_n})
                 await self._index.forget_slot(model, ref)
             await self._index.record_slot(model, ref, prompt.blocks, stats.n_tokens, prompt.tags)
+            if decision.endpoint.cache_prefix:
+                await self._record_ram_entry(req, decision, stats)
         except IndexUnavailable as exc:
             self._index_failed("record_slot", exc)
         except Exception:
             self._metrics.index_errors.labels("record_slot").inc()
             log.exception("recording the slot in the index failed")
+
+    async def _record_ram_entry(self, req: SchedRequest, decision: Decision, stats: Stats) -> None:
+        """What the pod's RAM prefix entries hold of this prompt's head, as the server reported it."""
+        tags = req.prompt.tags
+        if not tags.head or tags.head_blocks <= 0 or stats.prefix_entry_n is None:
+            return
+        ref = SlotRef(decision.endpoint.pod.uid, ram_slot(tags.head))
+        if stats.prefix_entry_n > 0:
+            await self._index.record_slot(req.model, ref, req.prompt.blocks[:tags.head_blocks],
+                                          stats.prefix_entry_n, PromptTags(tags.head, tags.head_blocks))
+        elif decision.branch == Branch.RAM_HIT:  # sent for the entry, which the server no longer keeps
+            await self._index.forget_slot(req.model, ref)
 
     def _index_failed(self, op: str, exc: Exception) -> None:
         self._metrics.index_errors.labels(op).inc()

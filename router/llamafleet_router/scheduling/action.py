@@ -11,7 +11,8 @@ Rules, in order:
    a snapshot, and an exact resend cannot reuse it (the last token is evaluated again). Attention-only
    models could use a partial match up to the common prefix; they get the same rule, for simplicity.
 2. DIRECT when the slot gives at least what the best slot of the pod holds, and that is > 0 (`slot_hit`,
-   or `pod_hit` on a --slot-attach build where the pod-level prefix is shared).
+   `pod_hit` on a --slot-attach build where the pod-level prefix is shared, or `ram_hit` where the
+   slot gets the head from the RAM prefix entry a --cache-prefix build keeps).
 3. COMPUTE otherwise (`cold`): the prefix, or the part the slot lacks, is computed on the slot.
 
 With `min_batch_tokens` 0 (the default) rule 1 is exactly "the blocks the snapshot adds take longer to
@@ -188,7 +189,8 @@ def choose_action(
     pod_best = min(resumable(pod_best_blocks(lookup, endpoint.pod.uid), endpoint, prompt), total)
     if held > 0 and held >= pod_best:
         own = slot_blocks(lookup, endpoint.pod.uid, slot)
-        branch = Branch.SLOT_HIT if own >= held else Branch.POD_HIT
+        shared = pod_best_blocks(lookup, endpoint.pod.uid) if endpoint.attach else own
+        branch = (Branch.SLOT_HIT if own >= held else Branch.POD_HIT if shared >= held else Branch.RAM_HIT)
         return ActionChoice(Action.DIRECT, None, held, branch, wanted)
     return ActionChoice(Action.COMPUTE, None, held, Branch.COLD, wanted)
 

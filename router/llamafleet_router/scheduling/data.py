@@ -67,6 +67,9 @@ class Branch(StrEnum):
     # forwarded to a slot holding less than the pod's best, on a --slot-attach pod (it shares its
     # cached prefix with every slot)
     POD_HIT = "pod_hit"
+    # forwarded to a slot holding less than the head a --cache-prefix pod keeps in RAM: the server loads
+    # its prefix entry into the slot
+    RAM_HIT = "ram_hit"
     RESTORE = "restore"  # a snapshot is restored into the slot first
     COLD = "cold"  # nothing known holds any of it: computed
     SESSION_AFFINITY = "session_affinity"  # the session's last slot, nothing better known

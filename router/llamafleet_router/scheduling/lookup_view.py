@@ -23,8 +23,32 @@ def slot_blocks(lookup: Lookup, pod_uid: str, slot: int) -> int:
 
 
 def pod_best_blocks(lookup: Lookup, pod_uid: str) -> int:
-    """The most leading blocks any slot of this pod holds (busy or not)."""
-    return max((n for ref, n in lookup.slots.items() if ref.pod_uid == pod_uid), default=0)
+    """The most leading blocks any slot of this pod holds (busy or not); not its RAM entries."""
+    return max((n for ref, n in lookup.slots.items() if ref.pod_uid == pod_uid and ref.slot >= 0), default=0)
+
+
+def ram_blocks(lookup: Lookup, endpoint: Endpoint) -> int:
+    """The leading blocks of the prompt's head a --cache-prefix pod keeps as a RAM prefix entry, which
+    any of its slots loads (recorded under a negative slot, `types.ram_slot`, once the server reported
+    it); 0 on other pods."""
+    if not endpoint.cache_prefix:
+        return 0
+    uid = endpoint.pod.uid
+    return max((n for ref, n in lookup.slots.items() if ref.slot < 0 and ref.pod_uid == uid), default=0)
+
+
+def holds_exact_head(lookup: Lookup, endpoint: Endpoint, slot: int, held: int) -> bool:
+    """Whether the `held` blocks a request pinned to this slot reuses are this very head, whole: the
+    slot holds it exactly (`Lookup.exact_head`), or they come from the pod's RAM entry of it (an entry
+    ends where the head does, at the first user message)."""
+    exact = lookup.exact_head
+    if not exact:
+        return False
+    uid = endpoint.pod.uid
+    if SlotRef(uid, slot) in exact:
+        return True
+    return endpoint.cache_prefix and held > 0 and any(
+        ref.slot < 0 and ref.pod_uid == uid and n == held and ref in exact for ref, n in lookup.slots.items())
 
 
 def pod_best_slots(lookup: Lookup, pod_uid: str, n_slots: int) -> tuple[tuple[int, ...], int] | None:
@@ -45,15 +69,18 @@ def held_blocks(lookup: Lookup, endpoint: Endpoint, slot: int, prompt: PromptIde
     """What a request pinned to this slot reuses without restoring anything.
 
     A patched build with --slot-attach shares the pod's cached prefix with every slot, so there the pod's
-    best counts; an upstream build reuses only what this very slot holds. With `prompt`, what the slot
-    can resume from (`resumable`) rather than what it holds.
+    best counts; one with --cache-prefix loads its RAM entry of the head into any slot holding less; an
+    upstream build reuses only what this very slot holds. With `prompt`, what the slot can resume from
+    (`resumable`) rather than what it holds.
     """
     held = (pod_best_blocks(lookup, endpoint.pod.uid) if endpoint.attach
             else slot_blocks(lookup, endpoint.pod.uid, slot))
+    held = max(held, ram_blocks(lookup, endpoint))
     if prompt is None:
         return held
-    ref = SlotRef(endpoint.pod.uid, slot)
-    return resumable(held, endpoint, prompt, own=lookup.conversation == ref or ref in lookup.exact_head)
+    own = (lookup.conversation == SlotRef(endpoint.pod.uid, slot)
+           or holds_exact_head(lookup, endpoint, slot, held))
+    return resumable(held, endpoint, prompt, own=own)
 
 
 def held_chars(lookup: Lookup, endpoint: Endpoint, slot: int, prompt: PromptIdentity, held: int) -> int:
@@ -65,7 +92,7 @@ def held_chars(lookup: Lookup, endpoint: Endpoint, slot: int, prompt: PromptIden
     chars = held * prompt.block_chars
     shared = prompt.shared_chars
     if shared > chars and held == shared // prompt.block_chars and \
-            SlotRef(endpoint.pod.uid, slot) in lookup.exact_head:
+            holds_exact_head(lookup, endpoint, slot, held):
         return shared
     return chars
 

@@ -52,7 +52,8 @@ class Profiles:
 def fleet_docs(model: str, plan: Plan, declared: list[AgentProfile],
                patched_binary: str | None = None) -> list[dict[str, Any]]:
     """FLEET.yaml's documents for a model, with one SharedPrefix per declared profile (pure).
-    `patched_binary`: setup (d), the patched build's pods over a unified KV pool."""
+    `patched_binary`: setup (d), the patched build's pods; `kvUnified` is left unset, as a user leaves it,
+    so the pods run one KV pool exactly because the build attaches (podspec.for_image)."""
     fleet: dict[str, Any] = {
         "apiVersion": "llamafleet.io/v1alpha1", "kind": "LlamaFleet", "metadata": {"name": FLEET},
         "spec": {
@@ -64,7 +65,6 @@ def fleet_docs(model: str, plan: Plan, declared: list[AgentProfile],
         "local": {"model": model, "threads": plan.threads},
     }
     if patched_binary is not None:
-        fleet["spec"]["kvUnified"] = True
         fleet["local"]["llamaServer"] = patched_binary
     prefixes = [{
         "apiVersion": "llamafleet.io/v1alpha1", "kind": "SharedPrefix", "metadata": {"name": f"declared-{i}"},

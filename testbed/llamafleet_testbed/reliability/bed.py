@@ -96,7 +96,8 @@ class Bed:
         discovery had been configured so."""
         url = self.pod(i).layout.llama_url
         status = next(p for p in await self.gateway.discovery.endpoints() if p.endpoint.url == url)
-        self.gateway.discovery.update(PodSpec(url, agent_url, status.endpoint.attach))
+        self.gateway.discovery.update(PodSpec(url, agent_url, status.endpoint.attach,
+                                                      cache_prefix=status.endpoint.cache_prefix))
 
     def pod(self, i: int) -> LocalPod:
         return self.fleet.pods[i]

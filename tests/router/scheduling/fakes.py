@@ -70,6 +70,7 @@ def endpoint(
     agent: bool = True,
     ready: bool = True,
     attach: bool = False,
+    cache_prefix: bool = False,
     resume_anywhere: bool = True,
 ) -> Endpoint:
     return Endpoint(
@@ -80,6 +81,7 @@ def endpoint(
         agent_url=f"http://{name}:8081" if agent else None,
         ready=ready,
         attach=attach,
+        cache_prefix=cache_prefix,
         resume_anywhere=resume_anywhere,
     )
 

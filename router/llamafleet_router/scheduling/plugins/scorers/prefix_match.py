@@ -4,7 +4,8 @@ Type: `prefix-match`
 Parameters: none.
 Consumes: `lookup` (from `prefix-lookup`).
 Score: `held / total` where `total = len(prompt.blocks)` and `held` is the leading blocks this slot holds
-(on a --slot-attach build, what any slot of the pod holds, since the pod shares it), counted as
+(on a --slot-attach build, what any slot of the pod holds, since the pod shares it; on a --cache-prefix
+build, at least the head the pod keeps as a RAM entry, which the server loads into the slot), counted as
 `lookup_view.resumable` on pods whose model resumes only at checkpoints; a slot the index says holds
 this head exactly (`Lookup.exact_head`) scores its head's characters, a little above a slot holding
 the same whole blocks that may part from the head inside its last one. 0 for an empty
@@ -30,7 +31,13 @@ from llamafleet_router.scheduling.framework import (
     PluginSpec,
     SchedRequest,
 )
-from llamafleet_router.scheduling.lookup_view import held_blocks, held_chars, resumable
+from llamafleet_router.scheduling.lookup_view import (
+    held_blocks,
+    held_chars,
+    holds_exact_head,
+    ram_blocks,
+    resumable,
+)
 
 
 class PrefixMatchScorer:
@@ -57,6 +64,7 @@ class PrefixMatchScorer:
         slots = lookup.slots
         exact_head, total_chars = lookup.exact_head, total * req.prompt.block_chars
         pod_best: dict[str, int] = {}  # --slot-attach pods: computed once per pod, not per candidate
+        pod_ram: dict[str, int] = {}  # --cache-prefix pods: the same
         out: dict[SlotRef, float] = {}
         for c in candidates:
             if c.endpoint.attach:
@@ -64,9 +72,16 @@ class PrefixMatchScorer:
                 held = pod_best.get(uid)
                 if held is None:
                     held = pod_best[uid] = held_blocks(lookup, c.endpoint, c.slot)
+            elif c.endpoint.cache_prefix:
+                uid = c.endpoint.pod.uid
+                ram = pod_ram.get(uid)
+                if ram is None:
+                    ram = pod_ram[uid] = ram_blocks(lookup, c.endpoint)
+                held = max(slots.get(c.key, 0), ram)
             else:
                 held = slots.get(c.key, 0)  # held_blocks without building a SlotRef
-            exact = c.key in exact_head
+            exact = c.key in exact_head or (c.endpoint.cache_prefix and
+                                            holds_exact_head(lookup, c.endpoint, c.slot, held))
             if not c.endpoint.resume_anywhere:
                 held = resumable(held, c.endpoint, req.prompt, own=exact or c.key == lookup.conversation)
             score = min(held, total) / total
