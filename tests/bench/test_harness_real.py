@@ -1,9 +1,11 @@
-"""One small real run of the seed-table harness: plain llama-server, then a local fleet, tiny prefixes.
+"""One small real run of the seed-table harness: plain llama-server, a local fleet on upstream pods and
+one on patched pods, tiny prefixes.
 
 It checks the harness measures what it claims on real servers: TTFT at the first content event, the
 fleet's 2nd and 3rd concurrent sessions served from the first one's snapshot (nearly all of the prompt
 reused, where the plain server recomputes it), tokens computed counted from the servers' own metrics,
-and greedy outputs equal to the plain server's cold ones.
+greedy outputs equal to the plain server's cold ones, and the KV cells three sessions at once hold as
+the servers count them: every slot its own copy upstream, the head once on patched pods.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from llamafleet_testbed.bench.run import run_model
 pytestmark = [pytest.mark.llama]
 
 SMOKE = Plan(models=("tiny-hybrid",), repeats=1, sizes=(1_500, 3_000), size_repeats=1, mixed_sessions=6,
-             mixed_prefix_chars=6_000, setups=("plain", "llamafleet"))
+             mixed_prefix_chars=6_000, setups=("plain", "llamafleet", "patched"))
 
 
 async def test_harness_measures_reuse_and_agreement_when_run_against_real_servers(tmp_path: Path) -> None:
@@ -30,11 +32,18 @@ async def test_harness_measures_reuse_and_agreement_when_run_against_real_server
            "models": {"tiny-hybrid": await run_model("tiny-hybrid", SMOKE, tmp_path, lambda _: None)}}
     result = raw["models"]["tiny-hybrid"]
     assert abs(result["calibration"]["1500"]["tokens"] - 1_500) <= 60, result["calibration"]
-    plain, fleet = result["setups"]["plain"], result["setups"]["llamafleet"]
-    for setup in (plain, fleet):
+    plain, fleet, patched = (result["setups"][k] for k in ("plain", "llamafleet", "patched"))
+    for setup in (plain, fleet, patched):
         replies = [r for run in setup["as_is"] + setup["declared"] for r in run] + setup["later_day"]
+        replies += setup["later_day_ram"] + setup["three_at_once"]["replies"]
         assert all(r["status"] == 200 and r["pieces"] for r in replies), [r["error"] for r in replies]
         assert setup["mixed"]["failed"] == 0 and setup["mixed"]["computed"] > 0
+    prompt = sum(fleet["three_at_once"]["replies"][0][k] for k in ("cache_n", "prompt_n"))
+    assert fleet["three_at_once"]["source"] == "slots" and fleet["three_at_once"]["cells"] >= 3 * prompt
+    # the patched pods hold the shared head once: about a third of three full copies
+    assert patched["three_at_once"]["source"] == "kv_cells_used"
+    assert patched["three_at_once"]["cells"] < 0.6 * fleet["three_at_once"]["cells"], (
+        patched["three_at_once"], fleet["three_at_once"])
     third = fleet["as_is"][0][2]
     # It reuses the prefix through a restore, or through a slot that holds it (timing decides which).
     action = third["headers"]["x-llamafleet-action"]

@@ -146,3 +146,29 @@ def test_patched_pods_get_their_own_column_ratios_and_targets() -> None:
     assert got["3rd session TTFT: (a)/(d)"] == (60.0, True)
     assert got["later day after a restart, from disk: (a)/(d)"] == (20.0, True)
     assert got["(d) prefill tokens / minimum"] == (1.04, True)
+
+
+def test_later_day_from_ram_kv_memory_and_decode_with_three_sessions_come_from_their_scenarios() -> None:
+    """The rows of the scenarios that run after the mixed workload: the later day from RAM (TTFT of the
+    first day-2 session), KV memory per session from the cells the servers say they hold with three
+    sessions at once, and those sessions' decode speed; (d)'s targets judged against (a) and (c)."""
+    data = raw()
+    setups = data["models"]["tiny-dense"]["setups"]
+    setups["patched"] = setup(0.05, 0.1, {"24000": 0.06, "32000": 0.07}, 10_400, reused=13_900)
+    for kind, first, cells, tps in (("plain", 4.0, 3 * 14_100, 100.0), ("llamafleet", 0.3, 3 * 14_100, 100.0),
+                                    ("patched", 0.1, 14_000 + 3 * 100, 125.0)):
+        setups[kind]["later_day_ram"] = [reply(2.0), reply(first), reply(0.1)]
+        setups[kind]["three_at_once"] = {"replies": [reply(1.0, tps=tps) for _ in range(3)], "cells": cells,
+                                         "source": "slots" if kind != "patched" else "kv_cells_used"}
+    summary = report.summarize(data)
+    d = summary["tiny-dense"]["patched"]
+    assert d["kv_three_mib"].median == (14_000 + 300) * 256 / 3 / report.MIB
+    assert summary["tiny-dense"]["sglang"]["kv_three_mib"].n == 0  # a setup without the scenario: none
+    got = {t["figure"]: (round(t["value"], 2), t["reached"]) for t in report.targets(data, summary)}
+    assert got["later day from RAM: (a)/(d)"] == (40.0, True)
+    assert got["KV memory per session, 3 sessions: (d)/(c)"] == (0.34, True)
+    assert got["decode tokens/s, 3 sessions: (d)/(c)"] == (1.25, True)
+    table = report.markdown(data, summary)
+    row = next(line for line in table.splitlines() if line.startswith("| later day from RAM (no restart"))
+    assert "0.100 s" in row and "40.0x" in row
+    assert any(line.startswith("| KV memory per session, 3 sessions at once") for line in table.splitlines())

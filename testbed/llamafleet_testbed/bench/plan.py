@@ -47,6 +47,10 @@ class Profiles:
     sizes: dict[int, list[AgentProfile]] = field(default_factory=dict)
     day1: AgentProfile | None = None
     day2: AgentProfile | None = None
+    ram_day1: AgentProfile | None = None  # the later day from RAM (no restart): its own workspace
+    ram_day2: AgentProfile | None = None
+    other: AgentProfile | None = None  # the agent whose sessions take every slot in between
+    kv: AgentProfile | None = None  # three sessions at once: KV cells and decode
 
 
 def fleet_docs(model: str, plan: Plan, declared: list[AgentProfile],
@@ -87,6 +91,9 @@ def make_profiles(chars: dict[int, int], plan: Plan) -> Profiles:
                      range(plan.size_repeats)] for i, s in enumerate(plan.sizes[1:])}
     day = spec(500, base, "days")
     out.day1, out.day2 = make_profile(day), make_profile(next_day(day))
+    ram_day = spec(600, base, "ram-days")
+    out.ram_day1, out.ram_day2 = make_profile(ram_day), make_profile(next_day(ram_day))
+    out.other, out.kv = make_profile(spec(700, base, "other")), make_profile(spec(800, base, "kv"))
     return out
 
 

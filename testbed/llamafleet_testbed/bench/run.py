@@ -90,6 +90,14 @@ async def run_setup(setup: PlainPods | Fleet, kind: str, model: str, profiles: P
                         "pods": _pods_hit(mixed),
                         "errors": sorted({f"{r.status}: {r.error[:200]}" for r in mixed if r.error})[:5]}
         say(f"{kind}: mixed workload: {after - before} prompt tokens computed")
+        assert profiles.ram_day1 and profiles.ram_day2 and profiles.other and profiles.kv
+        day = await sc.later_day_from_ram(http, url, profiles.ram_day1, profiles.ram_day2, profiles.other,
+                                          model, "ram-day", len(setup.servers) * plan.slots)
+        out["later_day_ram"] = replies(day)
+        say(f"{kind}: later day from RAM: first {day[1].ttft_s:.3f} s, next {day[2].ttft_s:.3f} s")
+        three, cells = await sc.three_at_once(http, url, setup.servers, profiles.kv, model, "kv")
+        out["three_at_once"] = {"replies": replies(three), **cells}
+        say(f"{kind}: 3 sessions at once: {cells['cells']} KV cells ({cells['source']})")
         out["snapshot_bytes"] = setup.snapshot_bytes()
         if isinstance(setup, Fleet) and setup.gateway_log.is_file():  # restore times, from its own log
             with setup.gateway_log.open(encoding="utf-8", errors="replace") as log:

@@ -73,6 +73,49 @@ async def later_day(http: httpx.AsyncClient, url: str, day1: AgentProfile, day2:
     return replies
 
 
+async def later_day_from_ram(http: httpx.AsyncClient, url: str, day1: AgentProfile, day2: AgentProfile,
+                             other: AgentProfile, model: str, key: str, slots: int) -> list[Reply]:
+    """A day-1 session; then `slots` sessions of another agent at once, so that no slot holds the day-1
+    head any more and only RAM may (the server's prompt cache, a patched pod's prefix entry); then two
+    day-2 sessions one after the other, no pod restarted."""
+    bodies = day_bodies(day1, day2, model, key)
+    replies = [await stream_chat(http, url, bodies[0])]
+    await asyncio.gather(*(stream_chat(http, url, other.request(model, q, max_tokens=1))
+                           for q in questions(f"{key}/other", slots)))
+    for body in bodies[1:]:
+        replies.append(await stream_chat(http, url, body))
+    return replies
+
+
+async def three_at_once(http: httpx.AsyncClient, url: str, servers: Sequence[str], profile: AgentProfile,
+                        model: str, key: str) -> tuple[list[Reply], dict[str, Any]]:
+    """Every slot of every server erased, then three sessions of one new head at once, each generating
+    `FIRST_TOKENS` (their decodes overlap); returns the replies and the KV cells the servers hold then
+    (`kv_cells`): three sessions with no history."""
+    for server in servers:
+        for slot in (await http.get(server + "/slots")).json():
+            (await http.post(f"{server}/slots/{slot['id']}", params={"action": "erase"})).raise_for_status()
+    bodies = [profile.request(model, q, max_tokens=FIRST_TOKENS) for q in questions(key, 3)]
+    replies = await asyncio.gather(*(stream_chat(http, url, body) for body in bodies))
+    return list(replies), await kv_cells(http, servers)
+
+
+async def kv_cells(http: httpx.AsyncClient, servers: Sequence[str]) -> dict[str, Any]:
+    """The attention KV cells the servers hold, as they say it: a patched build's own count
+    (`llamacpp:kv_cells_used`, cells shared between slots counted once), else the tokens `/slots` says
+    each slot holds (upstream: every slot its own copy)."""
+    total, source = 0, "kv_cells_used"
+    for server in servers:
+        text = (await http.get(server + "/metrics")).text
+        used = [line for line in text.splitlines() if line.startswith("llamacpp:kv_cells_used ")]
+        if used:
+            total += int(float(used[0].rsplit(" ", 1)[1]))
+            continue
+        source = "slots"
+        total += sum(int(s.get("n_prompt_tokens", 0)) for s in (await http.get(server + "/slots")).json())
+    return {"cells": total, "source": source}
+
+
 async def mixed(http: httpx.AsyncClient, url: str, plans: Sequence[SessionPlan], model: str, *,
                 concurrency: int = 4) -> list[Reply]:
     """Replay the sessions `concurrency` at a time (each session's turns in order); replies in plan order."""
