@@ -95,7 +95,7 @@ def test_write_produces_table_json_and_plots(tmp_path: Path) -> None:
     saved = json.loads((tmp_path / "seed_table.json").read_text())
     assert saved["summary"]["tiny-dense"]["llamafleet"]["third_as_is"]["median"] == 0.2
     assert len(saved["targets"]) == 9
-    for name in ("seed_table_ttft.png", "seed_table_tokens.png"):
+    for name in ("seed_table_ttft.png", "seed_table_tokens.png", "seed_table_kv.png"):
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -158,12 +158,18 @@ def test_later_day_from_ram_kv_memory_and_decode_with_three_sessions_come_from_t
     for kind, first, cells, tps in (("plain", 4.0, 3 * 14_100, 100.0), ("llamafleet", 0.3, 3 * 14_100, 100.0),
                                     ("patched", 0.1, 14_000 + 3 * 100, 125.0)):
         setups[kind]["later_day_ram"] = [reply(2.0), reply(first), reply(0.1)]
-        setups[kind]["three_at_once"] = {"replies": [reply(1.0, tps=tps) for _ in range(3)], "cells": cells,
-                                         "source": "slots" if kind != "patched" else "kv_cells_used"}
+        source = "slots" if kind != "patched" else "kv_cells_used"
+        # each turn of history adds 80 tokens to every session's prompt and to the servers' count
+        setups[kind]["kv_by_history"] = [
+            {"history_turns": turns, "source": source, "cells": cells + 3 * turns * 80,
+             "replies": [reply(1.0, tps=tps, cache_n=14_000, prompt_n=100 + turns * 80) for _ in range(3)]}
+            for turns in (0, 20)]
     summary = report.summarize(data)
     d = summary["tiny-dense"]["patched"]
     assert d["kv_three_mib"].median == (14_000 + 300) * 256 / 3 / report.MIB
     assert summary["tiny-dense"]["sglang"]["kv_three_mib"].n == 0  # a setup without the scenario: none
+    history, mib = d["kv_by_history"][1]
+    assert history == 1_600 and mib == (14_300 + 3 * 1_600) * 256 / 3 / report.MIB
     got = {t["figure"]: (round(t["value"], 2), t["reached"]) for t in report.targets(data, summary)}
     assert got["later day from RAM: (a)/(d)"] == (40.0, True)
     assert got["KV memory per session, 3 sessions: (d)/(c)"] == (0.34, True)

@@ -88,6 +88,26 @@ def test_without_the_flag_an_empty_slot_computes_the_head_again(
     assert "prompt_cache_prefix_entries" not in bed.metrics(server.url)
 
 
+def test_beside_slot_attach_an_empty_slot_shares_the_head_another_slot_holds_rather_than_copy_the_entry(
+    start_patched_server: StartLlamaServer, tiny_models: TinyModels, tmp_path: Path
+) -> None:
+    """Three slots over one pool. Session A computes the head (the entry is saved); slot 1, emptied,
+    loads the entry for session B; slot 2, emptied, would load a second copy of it for session C, but
+    slot 1 holds the head's cells: C attaches them, and the pool holds the head once for the three."""
+    server = start_patched_server(tiny_models.dense, slots=3, slot_save_path=tmp_path / "slots", extra_args=(
+        *FLAGS, "--cache-ram", "1024", "--kv-unified", "--slot-attach"))
+    first = bed.chat(server.url, bed.body("Session A: what is in this folder?", max_tokens=2, slot=0))
+    head = first["timings"]["prefix_entry_n"]
+    bed.erase(server.url, 0)  # nothing of the head in any slot now: only the entry
+    b = bed.chat(server.url, bed.body("Session B: run the tests.", max_tokens=2, slot=1))
+    assert b["timings"]["prefix_n"] == head and b["timings"]["attached_n"] == 0, b["timings"]
+    c = bed.chat(server.url, bed.body("Session C: fix the lint.", max_tokens=2, slot=2))
+    assert c["timings"]["prefix_n"] == 0 and c["timings"]["attached_n"] >= head - 16, c["timings"]
+    cells = bed.metrics(server.url)
+    assert cells["kv_cells_used"] < head + 2 * 200, (cells, head)  # the head once, two questions
+    assert cells["prompt_cache_prefix_hits_total"] == 1
+
+
 def test_when_the_cache_is_full_the_least_recently_used_entry_leaves_first(
     start_patched_server: StartLlamaServer, tiny_models: TinyModels, tmp_path: Path
 ) -> None:

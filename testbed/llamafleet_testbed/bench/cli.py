@@ -82,6 +82,7 @@ def write(raw: dict[str, Any], out: Path, stem: str = "seed_table") -> str:
     plots.ttft_by_size(summary, out / f"{stem}_ttft.png")
     minimum = {m: int(r.get("minimum_prefill", 0)) for m, r in raw["models"].items()}
     plots.tokens_computed(summary, minimum, out / f"{stem}_tokens.png")
+    plots.kv_by_history(summary, out / f"{stem}_kv.png")
     return text
 
 

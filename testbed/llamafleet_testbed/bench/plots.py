@@ -1,5 +1,6 @@
-"""PNG plots of a seed-table run: TTFT of the 3rd session against prefix size for the three setups, and
-prefill tokens computed over the mixed workload against the perfect-cache minimum. matplotlib is
+"""PNG plots of a seed-table run: TTFT of the 3rd session against prefix size for the setups, prefill
+tokens computed over the mixed workload against the perfect-cache minimum, and KV memory per session
+against the sessions' history (three sessions at once, the servers' own cell counts). matplotlib is
 imported here only (the `bench` extra), with the non-interactive backend: no display is needed."""
 
 from __future__ import annotations
@@ -40,6 +41,31 @@ def ttft_by_size(summary: dict[str, dict[str, dict[str, Any]]], path: Path) -> P
         ax.set_title(model)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def kv_by_history(summary: dict[str, dict[str, dict[str, Any]]], path: Path) -> Path:
+    plt = _pyplot()
+    models = list(summary)
+    fig, axes = plt.subplots(1, len(models), figsize=(5.5 * len(models), 4), squeeze=False)
+    for ax, model in zip(axes[0], models, strict=True):
+        drawn = 0
+        for kind in SETUPS:
+            points = sorted((summary[model].get(kind) or {}).get("kv_by_history") or [])
+            if points:
+                drawn += 1
+                ax.plot([t / 1000 for t, _ in points], [mib for _, mib in points], marker="o",
+                        label=LABELS[kind])
+        ax.set_xlabel("history per session (K tokens, beyond the shared head)")
+        ax.set_ylabel("KV memory per session (MiB), 3 sessions")
+        ax.set_ylim(bottom=0)
+        ax.set_title(model if drawn else f"{model} (not measured in this run)")
+        ax.grid(True, alpha=0.3)
+        if drawn:
+            ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -50,15 +50,24 @@ def _ok(replies: list[dict[str, Any]], i: int, key: str) -> list[float]:
 
 
 def _three_at_once(d: dict[str, Any], kv_per_token: int) -> dict[str, Any]:
-    """KV memory per session and decode speed of the three sessions at once, from what the servers said
-    they hold (`scenarios.kv_cells`)."""
-    three = d.get("three_at_once") or {}
-    done = [r for r in three.get("replies", []) if r["status"] == 200]
-    cells = three.get("cells")
+    """KV memory per session (what the servers said they hold, `scenarios.kv_cells`) against the
+    sessions' history (the tokens their prompts add to the history-less ones'), and the decode speed of
+    three sessions at once with no history."""
+    points: list[tuple[int, float, float]] = []  # (turns, mean prompt tokens, MiB per session)
+    decode: list[float] = []
+    for run in d.get("kv_by_history", []):
+        done = [r for r in run["replies"] if r["status"] == 200]
+        if len(done) != 3 or not run.get("cells"):
+            continue
+        points.append((run["history_turns"], sum(r["cache_n"] + r["prompt_n"] for r in done) / 3,
+                       run["cells"] * kv_per_token / 3 / MIB))
+        if run["history_turns"] == 0:
+            decode = [r["decode_tps"] for r in done]
+    base = next((tokens for turns, tokens, _ in points if turns == 0), None)
     return {
-        "kv_three_mib": Spread.of([cells * kv_per_token / 3 / MIB] if cells and len(done) == 3 else []),
-        "kv_source": three.get("source", ""),
-        "decode_three_tps": Spread.of(r["decode_tps"] for r in done),
+        "kv_three_mib": Spread.of([mib for turns, _, mib in points if turns == 0]),
+        "kv_by_history": [(tokens - base, mib) for _, tokens, mib in points] if base is not None else [],
+        "decode_three_tps": Spread.of(decode),
     }
 
 

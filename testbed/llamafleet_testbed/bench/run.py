@@ -95,9 +95,13 @@ async def run_setup(setup: PlainPods | Fleet, kind: str, model: str, profiles: P
                                           model, "ram-day", len(setup.servers) * plan.slots)
         out["later_day_ram"] = replies(day)
         say(f"{kind}: later day from RAM: first {day[1].ttft_s:.3f} s, next {day[2].ttft_s:.3f} s")
-        three, cells = await sc.three_at_once(http, url, setup.servers, profiles.kv, model, "kv")
-        out["three_at_once"] = {"replies": replies(three), **cells}
-        say(f"{kind}: 3 sessions at once: {cells['cells']} KV cells ({cells['source']})")
+        out["kv_by_history"] = []
+        for turns in sc.HISTORY_TURNS:
+            three, cells = await sc.three_at_once(http, url, setup.servers, profiles.kv, model, "kv",
+                                                  setup.restart_all, turns)
+            out["kv_by_history"].append({"history_turns": turns, "replies": replies(three), **cells})
+            say(f"{kind}: 3 sessions at once, {turns} turns of history: {cells['cells']} KV cells "
+                f"({cells['source']})")
         out["snapshot_bytes"] = setup.snapshot_bytes()
         if isinstance(setup, Fleet) and setup.gateway_log.is_file():  # restore times, from its own log
             with setup.gateway_log.open(encoding="utf-8", errors="replace") as log:

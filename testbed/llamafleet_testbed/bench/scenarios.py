@@ -15,11 +15,13 @@ from typing import Any
 import httpx
 
 from llamafleet_testbed.bench.client import Reply, stream_chat
-from llamafleet_testbed.workload import AgentProfile, SessionPlan, user_question
+from llamafleet_testbed.workload import AgentProfile, SessionPlan, history_turns, user_question
 
 FIRST_TOKENS = 64  # session 1 keeps generating while sessions 2 and 3 arrive
 LATER_TOKENS = 32
 STAGGER_S = 0.05  # the 3rd session starts this long after the 2nd: it is the 3rd in every queue
+# Earlier turns each of three sessions at once resends (about 80 tokens a turn): KV memory against history
+HISTORY_TURNS = (0, 20, 60)
 
 
 def questions(key: str, n: int) -> list[str]:
@@ -88,14 +90,16 @@ async def later_day_from_ram(http: httpx.AsyncClient, url: str, day1: AgentProfi
 
 
 async def three_at_once(http: httpx.AsyncClient, url: str, servers: Sequence[str], profile: AgentProfile,
-                        model: str, key: str) -> tuple[list[Reply], dict[str, Any]]:
-    """Every slot of every server erased, then three sessions of one new head at once, each generating
-    `FIRST_TOKENS` (their decodes overlap); returns the replies and the KV cells the servers hold then
-    (`kv_cells`): three sessions with no history."""
-    for server in servers:
-        for slot in (await http.get(server + "/slots")).json():
-            (await http.post(f"{server}/slots/{slot['id']}", params={"action": "erase"})).raise_for_status()
-    bodies = [profile.request(model, q, max_tokens=FIRST_TOKENS) for q in questions(key, 3)]
+                        model: str, key: str, restart_all: Callable[[], Any],
+                        turns: int = 0) -> tuple[list[Reply], dict[str, Any]]:
+    """Every pod restarted (empty slots, and a router that knows it: erasing slots behind its back left
+    its index naming content they no longer held), then three sessions of one head at once, each with
+    `turns` earlier turns of its own and generating `FIRST_TOKENS` (their decodes overlap); returns the
+    replies and the KV cells the servers hold then (`kv_cells`)."""
+    await restart_all()
+    rng = random.Random(f"{key}/history")
+    bodies = [profile.request(model, q, history=history_turns(rng, turns), max_tokens=FIRST_TOKENS)
+              for q in questions(key, 3)]
     replies = await asyncio.gather(*(stream_chat(http, url, body) for body in bodies))
     return list(replies), await kv_cells(http, servers)
 
