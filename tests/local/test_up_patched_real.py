@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -46,15 +48,25 @@ async def _sessions(url: str, questions: list[str], profile: ClientProfile = PRO
             for q in questions)))
 
 
-def test_a_fleet_of_patched_pods_runs_attach_and_prefix_entries_and_shares_the_agents_head(
-    tmp_path: Path, patched_llama_server_bin: Path
-) -> None:
+@contextmanager
+def _patched_fleet(tmp_path: Path, binary: Path, *, slots: int) -> Iterator[Up]:
+    """`llamafleet up` of two tiny-dense pods of `slots` slots on the patched binary, healthy; stopped
+    (and checked to exit cleanly) after the test."""
     config = tmp_path / "fleet.yaml"
-    config.write_text(fleet_yaml(patched_llama_server_bin, replicas=2, slots=3, context=16_384))
+    config.write_text(fleet_yaml(binary, replicas=2, slots=slots, context=16_384))
     up: Up = start_up(tmp_path, config, "run")
     try:
         with httpx.Client(timeout=60.0) as http:
             wait_health(http, up.url, timeout=300)
+        yield up
+    finally:
+        assert up.terminate() == 0, up.stderr_tail()
+
+
+def test_a_fleet_of_patched_pods_runs_attach_and_prefix_entries_and_shares_the_agents_head(
+    tmp_path: Path, patched_llama_server_bin: Path
+) -> None:
+    with _patched_fleet(tmp_path, patched_llama_server_bin, slots=3) as up:
         servers = [p for p in up.state()["processes"] if p["name"].endswith("llama-server")]
         assert len(servers) == 2
         for proc in servers:
@@ -83,8 +95,6 @@ def test_a_fleet_of_patched_pods_runs_attach_and_prefix_entries_and_shares_the_a
             metrics = http.get(up.url + "/metrics").text
         assert computed < 1.3 * head, (computed, head, actions)  # the head computed once in the fleet
         assert _metric(metrics, SHARED) >= attached
-    finally:
-        assert up.terminate() == 0, up.stderr_tail()
 
 
 def test_a_head_a_pod_keeps_in_ram_is_routed_there_and_loaded_from_its_prefix_entry(
@@ -93,12 +103,7 @@ def test_a_head_a_pod_keeps_in_ram_is_routed_there_and_loaded_from_its_prefix_en
     """Once another head took every slot, the pod that keeps the first head as a RAM prefix entry (the
     server said so: `timings.prefix_entry_n`) is where that head's next session goes, directly, and the
     server loads it from RAM rather than the gateway restoring a snapshot or the server computing."""
-    config = tmp_path / "fleet.yaml"
-    config.write_text(fleet_yaml(patched_llama_server_bin, replicas=2, slots=1, context=16_384))
-    up: Up = start_up(tmp_path, config, "run")
-    try:
-        with httpx.Client(timeout=60.0) as http:
-            wait_health(http, up.url, timeout=300)
+    with _patched_fleet(tmp_path, patched_llama_server_bin, slots=1) as up:
         (first,) = asyncio.run(_sessions(up.url, ["Session 0: list the changed files."]))
         assert first.status_code == 200, first.text[:200]
         keeper = first.headers["x-llamafleet-pod"]
@@ -119,5 +124,3 @@ def test_a_head_a_pod_keeps_in_ram_is_routed_there_and_loaded_from_its_prefix_en
         # the server took it from RAM: its prefix entry, or the fuller state of the slot's previous
         # session, which upstream's cache kept when the other agent took the slot (whichever holds more)
         assert timings["cache_n"] >= entry and timings["prompt_n"] < 200, (timings, entry)
-    finally:
-        assert up.terminate() == 0, up.stderr_tail()
