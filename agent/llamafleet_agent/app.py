@@ -181,7 +181,8 @@ def create_app(
     @operation("info")
     async def info(request: Request) -> Any:
         return {"pod": settings.pod_name, "fleet": settings.fleet, "model": settings.model_name,
-                "attach": settings.attach, "features": report.to_json()}
+                "attach": settings.attach, "features": report.to_json(),
+                "slotContext": await service.slot_context()}
 
     @operation("list")
     async def list_snapshots(request: Request) -> Any:

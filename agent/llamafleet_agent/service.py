@@ -95,8 +95,9 @@ class SnapshotService:
         task = self.start_digest()
         return task.done() and task.exception() is None
 
-    async def fingerprint(self) -> Fingerprint:
-        digest = await self.start_digest()
+    async def _server_props(self) -> tuple[str, int | None]:
+        """llama-server's build and per-slot context, read once (`/props`): a restarted server runs the
+        pod's same image and command line, so the same build and context."""
         if self._server is None:
             try:
                 props = await self.llama.props()
@@ -104,7 +105,19 @@ class SnapshotService:
                 raise Refused("llama", f"llama-server is not answering /props: {exc}", 503) from exc
             n_ctx = props.get("default_generation_settings", {}).get("n_ctx")
             self._server = (str(props.get("build_info", "")), int(n_ctx) if n_ctx else None)
-        build, n_ctx = self._server
+        return self._server
+
+    async def slot_context(self) -> int | None:
+        """Tokens each slot really holds (llama-server caps it at the model's training context); None
+        while the server does not answer."""
+        try:
+            return (await self._server_props())[1]
+        except Refused:
+            return None
+
+    async def fingerprint(self) -> Fingerprint:
+        digest = await self.start_digest()
+        build, n_ctx = await self._server_props()
         s = self.settings
         return Fingerprint(
             model_sha256=digest, build=build, cache_type_k=s.cache_type_k, cache_type_v=s.cache_type_v,

@@ -240,6 +240,9 @@ class LlamaFleetStatus(StatusModel):
     """Whether llama-server runs with --slot-attach."""
     cache_prefix: bool | None = None
     """Whether llama-server runs with --cache-prefix."""
+    slot_context: int | None = None
+    """Tokens each slot really holds, as the pods' llama-server reports it (the smallest): below
+    contextPerSlot when the model's training context capped it (condition ContextCapped)."""
     image_features: ImageFeatures | None = None
     phase: Literal["Pending", "Progressing", "Ready", "Degraded", "Failed"] | None = None
     observed_generation: int | None = None

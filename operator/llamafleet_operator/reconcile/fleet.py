@@ -19,6 +19,7 @@ from llamafleet_core import membership, podspec
 from llamafleet_core.crd.models import ImageFeatures, LlamaFleet
 from llamafleet_operator.reconcile import features as F
 from llamafleet_operator.reconcile import pods as P
+from llamafleet_operator.reconcile import slot_context as SC
 from llamafleet_operator.reconcile.admission import violations
 from llamafleet_operator.reconcile.conflicts import TYPE as MODEL_CONFLICT
 from llamafleet_operator.reconcile.conflicts import claims, fleet_id, managed_fleets, model_condition
@@ -31,7 +32,7 @@ from llamafleet_operator.status import Cond, condition, merge, transitions
 
 API = L.API_VERSION
 # Conditions whose every change is also an event: what needs someone to act.
-REPORTED = ("Degraded", MODEL_CONFLICT)
+REPORTED = ("Degraded", MODEL_CONFLICT, SC.TYPE)
 
 
 def parse_fleet(body: Mapping[str, Any]) -> LlamaFleet:
@@ -47,9 +48,11 @@ def parse_fleet(body: Mapping[str, Any]) -> LlamaFleet:
 
 
 def fleet_status(fleet: LlamaFleet, pods: list[P.Pod], previous: Mapping[str, Any] | None,
-                 features: ImageFeatures | None = None, model_conflict: Cond | None = None) -> dict[str, Any]:
-    """Status from the pods that exist now, what the image is known to accept and whether another
-    fleet serves the same model (`model_conflict`, conflicts.py) (pure)."""
+                 features: ImageFeatures | None = None, model_conflict: Cond | None = None,
+                 slot_context: int | None = None) -> dict[str, Any]:
+    """Status from the pods that exist now, what the image is known to accept, whether another fleet
+    serves the same model (`model_conflict`, conflicts.py) and the context the pods' slots really have
+    (`slot_context`, slot_context.py; None: the last record stays) (pure)."""
     spec, meta = fleet.spec, fleet.metadata
     support = F.support(features)
     live = [p for p in pods if not P.deleting(p)]
@@ -77,7 +80,9 @@ def fleet_status(fleet: LlamaFleet, pods: list[P.Pod], previous: Mapping[str, An
     degraded = (condition("Degraded", True, degraded_reason(failing), "; ".join(s.message for s in failing))
                 if failing else condition("Degraded", False, "AsExpected", ""))
     phase = "Degraded" if failing else "Ready" if all_ready else "Pending" if not live else "Progressing"
-    conditions = [ready, progressing, degraded] + ([model_conflict] if model_conflict is not None else [])
+    slot_context = slot_context if slot_context is not None else (previous or {}).get("slotContext")
+    capped = SC.capped_condition(spec, slot_context)
+    conditions = [ready, progressing, degraded] + [c for c in (model_conflict, capped) if c is not None]
     return {
         "replicas": spec.replicas,
         "readyReplicas": n_ready,
@@ -86,6 +91,7 @@ def fleet_status(fleet: LlamaFleet, pods: list[P.Pod], previous: Mapping[str, An
         "selector": ",".join(f"{k}={v}" for k, v in L.fleet_labels(meta.name).items()),
         "attach": podspec.attach_enabled(spec, supported=support["attach_supported"]),
         "cachePrefix": podspec.cache_prefix_enabled(spec, supported=support["cache_prefix_supported"]),
+        "slotContext": slot_context,
         # None removes a record of another image (a merge patch deletes null fields).
         "imageFeatures": features.to_k8s() if features is not None else None,
         "phase": phase,
@@ -144,7 +150,7 @@ async def reconcile_fleet(ctx: Context, body: Mapping[str, Any],
     served = claims(fleets)
     conflict = model_condition(fleet_id(namespace, name), fleet.spec.model.name, served,
                                ctx.settings.model_owners())
-    status = fleet_status(fleet, pods, previous, features, conflict)
+    status = fleet_status(fleet, pods, previous, features, conflict, await SC.read(ctx, pods, logger))
     if _changed(previous, status):
         await ctx.kube.patch_status(API, "LlamaFleet", namespace, name, status)
         logger.info(f"status: {status['ready']} ready, phase {status['phase']}")

@@ -3,9 +3,10 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import replace
 
-from llamafleet_core.types import Action
+from llamafleet_core.types import Action, SnapshotRef
 from llamafleet_router.scheduling.framework import Branch
 from llamafleet_router.snapshots.base import SnapshotConfig
 from llamafleet_router.snapshots.detached import DetachedBuilds, SlotLender
@@ -33,12 +34,19 @@ class ShipStep:
 
 class RestoreStep:
     """RESTORE decided: pull the snapshot from its pod if needed and restore it into the slot, or use
-    what priming loaded there. On failure the request is computed (`restore_failed`) and goes on."""
+    what priming loaded there. On failure the request is computed (`restore_failed`) and goes on.
+
+    On a --slot-attach pod, requests that come while another one restores the same snapshot there wait
+    for that restore and then go on directly (`pod_hit`): the server attaches the restored slot's cells,
+    and the pool holds the snapshot once instead of once per session (three sessions at once of a head
+    known from disk held three copies). If that restore fails, each restores on its own."""
 
     def __init__(self, restorer: RestoreExecutor, primer: Primer, heads: HeadMemory) -> None:
         self._restorer = restorer
         self._primer = primer
         self._heads = heads
+        # (pod uid, snapshot name) -> whether the restore under way there succeeds (--slot-attach pods)
+        self._restoring: dict[tuple[str, str], asyncio.Future[bool]] = {}
 
     async def run(self, prep: Preparation) -> None:
         decision, req = prep.decision, prep.req
@@ -51,11 +59,18 @@ class RestoreStep:
             computed = replace(decision, action=Action.COMPUTE, snapshot=None, predicted_blocks=0)
             prep.settle(self._heads.too_long(req.model, computed))
             return
+        key = (prep.target.uid, snap.name)
+        running = self._restoring.get(key) if prep.target.attach else None
+        if running is not None and await asyncio.shield(running):
+            prep.decision = replace(decision, action=Action.DIRECT, snapshot=None, branch=Branch.POD_HIT)
+            return
         reused = await self._primer.reuse(req.model, req.prompt.blocks, prep.target.url, decision.slot_ref,
                                           snap, prep.primed)
         outcome: Restored | RestoreFailure
         if reused is not None:  # loaded ahead of demand (prime.py) and untouched since
             outcome, decision = reused, replace(decision, snapshot=reused.snapshot, branch=Branch.PRIMED)
+        elif prep.target.attach and key not in self._restoring:
+            outcome = await self._restore_shared(key, prep, snap)
         else:
             outcome = await self._restorer.restore(req.model, req.prompt.blocks, prep.target, decision.slot,
                                                    snap, prep.agents)
@@ -65,6 +80,23 @@ class RestoreStep:
             prep.failed = snap
             prep.decision = replace(decision, action=Action.COMPUTE, snapshot=None, predicted_blocks=0,
                                     branch=Branch.RESTORE_FAILED)
+
+
+    async def _restore_shared(self, key: tuple[str, str], prep: Preparation,
+                              snap: SnapshotRef) -> Restored | RestoreFailure:
+        """The restore, with the requests that come meanwhile for the same snapshot on this pod waiting
+        for it (they attach its cells); they restore on their own if it fails or is cancelled."""
+        done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._restoring[key] = done
+        restored = False
+        try:
+            outcome = await self._restorer.restore(prep.req.model, prep.req.prompt.blocks, prep.target,
+                                                   prep.decision.slot, snap, prep.agents)
+            restored = isinstance(outcome, Restored)
+            return outcome
+        finally:
+            del self._restoring[key]
+            done.set_result(restored)
 
 
 class PrimeStep:

@@ -1,0 +1,90 @@
+"""The context each slot really has, read back from the pods into the fleet's status.
+
+llama-server caps a slot at the model's training context without failing; the operator reports what its
+pods' servers say (`status.slotContext`) and a `ContextCapped` condition, with an event, when that is
+below `contextPerSlot`. The end-to-end test runs the rendered pod on the real llama-server (the test
+kubelet) with a tiny model trained on 65,536 tokens and asks for more.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from llamafleet_core.crd.models import LlamaFleet
+from llamafleet_operator.reconcile.fleet import fleet_status
+from llamafleet_operator.reconcile.slot_context import capped_condition, smallest
+from llamafleet_operator.settings import OperatorSettings
+from tests.operator.kubelet import running_kubelet
+from tests.operator.operator_bed import (
+    FLEETS,
+    NS,
+    create,
+    emulated_api,
+    eventually,
+    fleet_manifest,
+    obj,
+    running_operator,
+)
+from tests.operator.test_fleet_conditions import condition_of, events
+
+TOKEN = "slot-context-token"
+TRAINED = 65_536  # the tiny models' context_length (tinymodel_recipes.py)
+
+
+def _fleet(**spec: Any) -> LlamaFleet:
+    return LlamaFleet.model_validate({k: v for k, v in fleet_manifest(**spec).items() if k != "apiVersion"})
+
+
+def test_the_smallest_reported_context_counts_and_nonsense_is_ignored() -> None:
+    assert smallest([{"slotContext": 8192}, {"slotContext": 4096}, {"slotContext": None}]) == 4096
+    assert smallest([{}, {"slotContext": "8192"}, {"slotContext": True}, {"slotContext": 0}]) is None
+
+
+def test_capped_only_below_the_requested_context() -> None:
+    spec = _fleet(contextPerSlot=24_576).spec
+    capped = capped_condition(spec, 8192)
+    assert capped is not None and (capped["status"], capped["reason"]) == ("True", "SlotContextCapped")
+    assert "8192" in capped["message"] and "24576" in capped["message"]
+    fine = capped_condition(spec, 24_576)
+    assert fine is not None and (fine["status"], fine["reason"]) == ("False", "AsRequested")
+    assert capped_condition(spec, None) is None
+
+
+def test_status_keeps_the_last_record_when_no_pod_answered() -> None:
+    fleet = _fleet(contextPerSlot=24_576)
+    first = fleet_status(fleet, [], None, slot_context=8192)
+    assert first["slotContext"] == 8192
+    again = fleet_status(fleet, [], first, slot_context=None)
+    assert again["slotContext"] == 8192
+    assert {c["type"]: c["status"] for c in again["conditions"]}["ContextCapped"] == "True"
+    assert "ContextCapped" not in {c["type"] for c in fleet_status(fleet, [], None)["conditions"]}
+
+
+@pytest.mark.llama
+async def test_a_slot_the_server_capped_is_in_the_status_and_an_event(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, llama_server_bin: Path, tiny_models: Any) -> None:
+    async with emulated_api(tmp_path) as (api, kubeconfig):
+        monkeypatch.setenv("KUBECONFIG", kubeconfig)
+        settings = OperatorSettings(kubeconfig=kubeconfig, namespaces=[NS], agent_token=TOKEN,
+                                    reconcile_interval_s=0.5, prefix_interval_s=5.0,
+                                    allowed_host_paths=[str(tiny_models.dense.parent)])
+        async with (
+            running_kubelet(api, binary=llama_server_bin, model=tiny_models.dense, workdir=tmp_path / "node",
+                            token=TOKEN) as node,
+            running_operator(settings),
+        ):
+            await create(api, fleet_manifest(
+                replicas=1, slots=1, contextPerSlot=2 * TRAINED, threads=1,
+                model={"name": "tiny-dense", "file": "tiny-dense.gguf",
+                       "source": {"hostPath": str(tiny_models.dense.parent)}}))
+            capped = await eventually(lambda: (c := condition_of(api, "tiny", "ContextCapped"))
+                                      and c["status"] == "True" and c, 90, "ContextCapped")
+            assert capped["reason"] == "SlotContextCapped" and str(TRAINED) in capped["message"]
+            status = (obj(api, FLEETS, "tiny") or {}).get("status") or {}
+            assert status["slotContext"] == TRAINED
+            assert any(str(TRAINED) in message for message in events(api, "tiny")), events(api, "tiny")
+            assert not node.errors
+
