@@ -65,6 +65,23 @@ def pod_best_slots(lookup: Lookup, pod_uid: str, n_slots: int) -> tuple[tuple[in
     return (tuple(sorted(slots)), most) if slots else None
 
 
+def attached_blocks(own: int, pod_best: int, endpoint: Endpoint, prompt: PromptIdentity | None) -> int:
+    """What a slot of a --slot-attach pod holding `own` blocks of the prompt reuses when another slot
+    holds `pod_best`: its own when that is the most, else the other's by attaching. All of them on a
+    model that resumes anywhere; on one that resumes only at checkpoints (with `prompt`), the attach lands
+    on the holder's latest checkpoint: for a match past the head (the holder is this conversation's
+    slot) about `CHECKPOINT_GAP_CHARS` before its prompt's end, which the 50-session mix paid on every
+    turn sent to another slot of the pod (3.1x the minimum prefill against 1.1x)."""
+    if own >= pod_best:
+        return own
+    if endpoint.resume_anywhere or prompt is None:
+        return pod_best
+    head = prompt.shared_chars // prompt.block_chars
+    if pod_best <= head:
+        return pod_best
+    return max(own, head, pod_best - -(-CHECKPOINT_GAP_CHARS // prompt.block_chars))
+
+
 def held_blocks(lookup: Lookup, endpoint: Endpoint, slot: int, prompt: PromptIdentity | None = None) -> int:
     """What a request pinned to this slot reuses without restoring anything.
 
@@ -73,8 +90,9 @@ def held_blocks(lookup: Lookup, endpoint: Endpoint, slot: int, prompt: PromptIde
     upstream build reuses only what this very slot holds. With `prompt`, what the slot can resume from
     (`resumable`) rather than what it holds.
     """
-    held = (pod_best_blocks(lookup, endpoint.pod.uid) if endpoint.attach
-            else slot_blocks(lookup, endpoint.pod.uid, slot))
+    held = slot_blocks(lookup, endpoint.pod.uid, slot)
+    if endpoint.attach:
+        held = attached_blocks(held, pod_best_blocks(lookup, endpoint.pod.uid), endpoint, prompt)
     held = max(held, ram_blocks(lookup, endpoint))
     if prompt is None:
         return held

@@ -56,11 +56,28 @@ def test_prefix_match_scores_matched_blocks_over_total_per_slot() -> None:
 
 
 def test_prefix_match_uses_pod_level_match_when_build_attaches() -> None:
-    """With --slot-attach every slot of the pod can use what one slot holds."""
+    """With --slot-attach every slot of the pod can use what one slot holds; the slot holding it scores
+    a little above the others (attaching elsewhere would replace that slot's own content)."""
     a = state("a", attach=True)
     cs = with_lookup(Lookup(slots={slot("a", 0): 5}))
     scores = PrefixMatchScorer("pm").score(request(n_blocks=10), cs, candidates(a))
-    assert set(scores.values()) == {0.5}
+    assert scores.pop(slot("a", 0)) == 0.5
+    assert set(scores.values()) == {0.45}
+
+
+def test_on_an_attach_pod_of_a_hybrid_model_another_slot_gets_a_conversation_short_of_its_checkpoint() -> None:
+    """Past the head (a conversation's slot), attaching lands on the holder's latest checkpoint, about
+    CHECKPOINT_GAP before its end: the holder itself wins by that much; the head alone attaches whole."""
+    hybrid = state("a", attach=True, resume_anywhere=False)
+    req = request(n_blocks=40, shared_blocks=12)
+    scores = PrefixMatchScorer("pm").score(req, with_lookup(Lookup(slots={slot("a", 0): 30})),
+                                           candidates(hybrid))
+    assert scores.pop(slot("a", 0)) == 30 / 40
+    assert set(scores.values()) == {(30 - 9 - 0.5) / 40}
+    head_only = PrefixMatchScorer("pm").score(req, with_lookup(Lookup(slots={slot("a", 0): 12})),
+                                              candidates(hybrid))
+    # the head: the holder's checkpoint where the user message starts (resumable counts both short)
+    assert head_only[slot("a", 1)] < head_only[slot("a", 0)] and head_only[slot("a", 1)] > 0
 
 
 def test_prefix_match_counts_a_hybrid_slots_match_short_of_its_checkpoint_gap() -> None:

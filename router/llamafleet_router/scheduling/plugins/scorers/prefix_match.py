@@ -32,12 +32,17 @@ from llamafleet_router.scheduling.framework import (
     SchedRequest,
 )
 from llamafleet_router.scheduling.lookup_view import (
-    held_blocks,
+    attached_blocks,
     held_chars,
     holds_exact_head,
+    pod_best_blocks,
     ram_blocks,
     resumable,
 )
+
+# Blocks a slot of a --slot-attach pod scores less when what it reuses comes from another slot's cells:
+# less than one block, so it only breaks a tie with the slot holding them
+ATTACH_TIE = 0.5
 
 
 class PrefixMatchScorer:
@@ -67,11 +72,17 @@ class PrefixMatchScorer:
         pod_ram: dict[str, int] = {}  # --cache-prefix pods: the same
         out: dict[SlotRef, float] = {}
         for c in candidates:
+            tie = 0.0
+            own = slots.get(c.key, 0)
             if c.endpoint.attach:
                 uid = c.endpoint.pod.uid
-                held = pod_best.get(uid)
-                if held is None:
-                    held = pod_best[uid] = held_blocks(lookup, c.endpoint, c.slot)
+                best = pod_best.get(uid)
+                if best is None:
+                    best = pod_best[uid] = max(pod_best_blocks(lookup, uid), ram_blocks(lookup, c.endpoint))
+                held = attached_blocks(own, best, c.endpoint, req.prompt)
+                # Ties go to the slot holding it: attaching elsewhere gives the same tokens but replaces
+                # that slot's own content, which its session may want next
+                tie = ATTACH_TIE if held > own else 0.0
             elif c.endpoint.cache_prefix:
                 uid = c.endpoint.pod.uid
                 ram = pod_ram.get(uid)
@@ -79,12 +90,12 @@ class PrefixMatchScorer:
                     ram = pod_ram[uid] = ram_blocks(lookup, c.endpoint)
                 held = max(slots.get(c.key, 0), ram)
             else:
-                held = slots.get(c.key, 0)  # held_blocks without building a SlotRef
+                held = own  # held_blocks without building a SlotRef
             exact = c.key in exact_head or (c.endpoint.cache_prefix and
                                             holds_exact_head(lookup, c.endpoint, c.slot, held))
             if not c.endpoint.resume_anywhere:
                 held = resumable(held, c.endpoint, req.prompt, own=exact or c.key == lookup.conversation)
-            score = min(held, total) / total
+            score = max(0.0, min(held, total) - tie) / total
             if exact:  # it holds the head's last, partial block too: above a slot that parts inside it
                 score = min(1.0, held_chars(lookup, c.endpoint, c.slot, req.prompt, held) / total_chars)
             out[c.key] = score
