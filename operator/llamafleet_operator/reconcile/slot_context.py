@@ -38,9 +38,10 @@ def capped_condition(spec: LlamaFleetSpec, slot_context: int | None) -> Cond | N
         return None
     if slot_context < spec.context_per_slot:
         return condition(TYPE, True, "SlotContextCapped",
-                         f"llama-server gives each slot {slot_context} tokens, not the {spec.context_per_slot} "
-                         "of contextPerSlot (the model's training context caps it): longer sessions and "
-                         "SharedPrefixes fail; lower contextPerSlot or use a model trained on more")
+                         f"llama-server gives each slot {slot_context} tokens, not the "
+                         f"{spec.context_per_slot} of contextPerSlot (the model's training context caps "
+                         "it): longer sessions and SharedPrefixes fail; lower contextPerSlot or use a "
+                         "model trained on more")
     return condition(TYPE, False, "AsRequested", f"each slot holds {slot_context} tokens")
 
 

@@ -65,7 +65,7 @@ def test_prefix_match_uses_pod_level_match_when_build_attaches() -> None:
     assert set(scores.values()) == {0.45}
 
 
-def test_on_an_attach_pod_of_a_hybrid_model_another_slot_gets_a_conversation_short_of_its_checkpoint() -> None:
+def test_on_a_hybrid_attach_pod_another_slot_gets_a_conversation_short_of_its_checkpoint() -> None:
     """Past the head (a conversation's slot), attaching lands on the holder's latest checkpoint, about
     CHECKPOINT_GAP before its end: the holder itself wins by that much; the head alone attaches whole."""
     hybrid = state("a", attach=True, resume_anywhere=False)
