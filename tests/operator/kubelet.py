@@ -31,8 +31,9 @@ from llamafleet_core.llama_client import LlamaClient
 from llamafleet_core.networks import LOOPBACK_NETWORKS
 from llamafleet_local.llama_process import LlamaServerProcess
 from llamafleet_local.redis_server import free_port
+from llamafleet_operator.settings import OperatorSettings
 from tests.operator.kmock_support import KubeEmulator
-from tests.operator.operator_bed import DEPLOYMENTS, FLEETS, NS, PODS, obj
+from tests.operator.operator_bed import DEPLOYMENTS, FLEETS, NS, PODS, fleet_manifest, obj, running_operator
 
 MAX_PODS = 2  # llama-servers per test on this machine
 
@@ -222,3 +223,22 @@ async def running_kubelet(api: KubeEmulator, *, binary: Path, model: Path, workd
                 await task
             await node.close()
 
+
+
+@contextlib.asynccontextmanager
+async def operated_node(api: KubeEmulator, settings: OperatorSettings, *, binary: Path, model: Path,
+                        workdir: Path, token: str) -> Any:
+    """A one-node cluster: this kubelet running pods with `binary` and `model`, and the operator with
+    `settings`; yields the kubelet."""
+    async with (
+        running_kubelet(api, binary=binary, model=model, workdir=workdir, token=token) as node,
+        running_operator(settings),
+    ):
+        yield node
+
+
+def tiny_dense_fleet(model: Path, **spec: Any) -> dict[str, Any]:
+    """A one-pod, one-thread fleet manifest of the tiny dense model in `model`'s folder (a hostPath the
+    operator's settings must allow); `spec` overrides or adds fields."""
+    return fleet_manifest(**{"replicas": 1, "threads": 1, **spec, "model": {
+        "name": "tiny-dense", "file": "tiny-dense.gguf", "source": {"hostPath": str(model.parent)}}})

@@ -16,7 +16,7 @@ import redis.asyncio as aioredis
 
 from llamafleet_core import membership
 from llamafleet_operator.settings import OperatorSettings
-from tests.operator.kubelet import Kubelet, running_kubelet
+from tests.operator.kubelet import Kubelet, operated_node, tiny_dense_fleet
 from tests.operator.operator_bed import (
     FLEETS,
     NS,
@@ -25,10 +25,8 @@ from tests.operator.operator_bed import (
     delete,
     emulated_api,
     eventually,
-    fleet_manifest,
     obj,
     patch_spec,
-    running_operator,
 )
 
 TOKEN = "operator-test-token"
@@ -69,15 +67,9 @@ async def test_shared_prefix_warm_everywhere_and_removed_when_deleted(
             kubeconfig=kubeconfig, namespaces=[NS], redis_url=redis_url, index_prefix=prefix,
             agent_token=TOKEN, reconcile_interval_s=0.5, prefix_interval_s=0.5,
             allowed_host_paths=[str(tiny_models.dense.parent)])
-        async with (
-            running_kubelet(api, binary=llama_server_bin, model=tiny_models.dense, workdir=tmp_path / "node",
-                            token=TOKEN) as node,
-            running_operator(settings),
-        ):
-            await create(api, fleet_manifest(
-                replicas=1, slots=2, contextPerSlot=4096, threads=1,
-                model={"name": "tiny-dense", "file": "tiny-dense.gguf",
-                       "source": {"hostPath": str(tiny_models.dense.parent)}}))
+        async with operated_node(api, settings, binary=llama_server_bin, model=tiny_models.dense,
+                                 workdir=tmp_path / "node", token=TOKEN) as node:
+            await create(api, tiny_dense_fleet(tiny_models.dense, slots=2, contextPerSlot=4096))
             await eventually(lambda: status(api, FLEETS, "tiny").get("ready") == "1/1", 60, "first pod Ready")
 
             await create(api, prefix_manifest())

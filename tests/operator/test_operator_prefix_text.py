@@ -22,7 +22,7 @@ from llamafleet_core.crd.models import SharedPrefixSpec
 from llamafleet_operator.handlers.diffbase import DigestedDiffBaseStorage
 from llamafleet_operator.reconcile.prefix_text import prefix_source, revision
 from llamafleet_operator.settings import OperatorSettings
-from tests.operator.kubelet import running_kubelet
+from tests.operator.kubelet import operated_node, tiny_dense_fleet
 from tests.operator.operator_bed import (
     FLEETS,
     NS,
@@ -202,16 +202,10 @@ async def test_32k_token_prefix_from_a_config_map_warms_real_pods_and_rewarms_wh
         ours = settings(kubeconfig, redis_url=redis_url, index_prefix=f"t{uuid.uuid4().hex[:8]}",
                         agent_token=TOKEN, agent_token_secret=None, reconcile_interval_s=0.5,
                         prefix_interval_s=0.5, allowed_host_paths=[str(tiny_models.dense.parent)])
-        async with (
-            running_kubelet(api, binary=llama_server_bin, model=tiny_models.dense, workdir=tmp_path / "node",
-                            token=TOKEN) as node,
-            running_operator(ours),
-        ):
+        async with operated_node(api, ours, binary=llama_server_bin, model=tiny_models.dense,
+                                 workdir=tmp_path / "node", token=TOKEN) as node:
             await put_prompts(api, {"agent.txt": text}, new=True)
-            await create(api, fleet_manifest(
-                replicas=1, slots=1, contextPerSlot=CONTEXT, threads=1,
-                model={"name": "tiny-dense", "file": "tiny-dense.gguf",
-                       "source": {"hostPath": str(tiny_models.dense.parent)}}))
+            await create(api, tiny_dense_fleet(tiny_models.dense, slots=1, contextPerSlot=CONTEXT))
             await eventually(lambda: fleet_ready(api), 90, "the pod Ready")
 
             ref = {"configMapKeyRef": {"name": "prompts", "key": "agent.txt"}}

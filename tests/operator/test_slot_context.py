@@ -17,7 +17,7 @@ from llamafleet_core.crd.models import LlamaFleet
 from llamafleet_operator.reconcile.fleet import fleet_status
 from llamafleet_operator.reconcile.slot_context import capped_condition, smallest
 from llamafleet_operator.settings import OperatorSettings
-from tests.operator.kubelet import running_kubelet
+from tests.operator.kubelet import operated_node, tiny_dense_fleet
 from tests.operator.operator_bed import (
     FLEETS,
     NS,
@@ -26,7 +26,6 @@ from tests.operator.operator_bed import (
     eventually,
     fleet_manifest,
     obj,
-    running_operator,
 )
 from tests.operator.test_fleet_conditions import condition_of, events
 
@@ -71,15 +70,9 @@ async def test_a_slot_the_server_capped_is_in_the_status_and_an_event(
         settings = OperatorSettings(kubeconfig=kubeconfig, namespaces=[NS], agent_token=TOKEN,
                                     reconcile_interval_s=0.5, prefix_interval_s=5.0,
                                     allowed_host_paths=[str(tiny_models.dense.parent)])
-        async with (
-            running_kubelet(api, binary=llama_server_bin, model=tiny_models.dense, workdir=tmp_path / "node",
-                            token=TOKEN) as node,
-            running_operator(settings),
-        ):
-            await create(api, fleet_manifest(
-                replicas=1, slots=1, contextPerSlot=2 * TRAINED, threads=1,
-                model={"name": "tiny-dense", "file": "tiny-dense.gguf",
-                       "source": {"hostPath": str(tiny_models.dense.parent)}}))
+        async with operated_node(api, settings, binary=llama_server_bin, model=tiny_models.dense,
+                                 workdir=tmp_path / "node", token=TOKEN) as node:
+            await create(api, tiny_dense_fleet(tiny_models.dense, slots=1, contextPerSlot=2 * TRAINED))
             capped = await eventually(lambda: (c := condition_of(api, "tiny", "ContextCapped"))
                                       and c["status"] == "True" and c, 90, "ContextCapped")
             assert capped["reason"] == "SlotContextCapped" and str(TRAINED) in capped["message"]

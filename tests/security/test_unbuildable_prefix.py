@@ -27,7 +27,7 @@ from llamafleet_operator.reconcile.readiness import FleetPrefix, required_set
 from llamafleet_operator.reconcile.retry import Backoff, backoff_for
 from llamafleet_operator.settings import OperatorSettings
 from tests.agent.conftest import SERVER_ARGS, serve_over_socket
-from tests.operator.kubelet import running_kubelet
+from tests.operator.kubelet import operated_node, tiny_dense_fleet
 from tests.operator.operator_bed import (
     FLEETS,
     NS,
@@ -35,10 +35,8 @@ from tests.operator.operator_bed import (
     create,
     emulated_api,
     eventually,
-    fleet_manifest,
     obj,
     patch_spec,
-    running_operator,
 )
 
 TOKEN = "unbuildable-prefix-token"
@@ -151,15 +149,9 @@ async def test_an_unbuildable_prefix_fails_alone_while_the_fleet_keeps_serving(
             kubeconfig=kubeconfig, namespaces=[NS], agent_token=TOKEN, reconcile_interval_s=0.3,
             prefix_interval_s=0.2, prefix_retry_initial_s=0.2, prefix_retry_max_s=0.5,
             allowed_host_paths=[str(tiny_models.dense.parent)])
-        async with (
-            running_kubelet(api, binary=llama_server_bin, model=tiny_models.dense, workdir=tmp_path / "node",
-                            token=TOKEN) as node,
-            running_operator(settings),
-        ):
-            await create(api, fleet_manifest(
-                replicas=1, slots=1, contextPerSlot=CONTEXT, threads=1,
-                model={"name": "tiny-dense", "file": "tiny-dense.gguf",
-                       "source": {"hostPath": str(tiny_models.dense.parent)}}))
+        async with operated_node(api, settings, binary=llama_server_bin, model=tiny_models.dense,
+                                 workdir=tmp_path / "node", token=TOKEN) as node:
+            await create(api, tiny_dense_fleet(tiny_models.dense, slots=1, contextPerSlot=CONTEXT))
             await eventually(lambda: _status(api, FLEETS, "tiny").get("ready") == "1/1", 60, "pod Ready")
 
             await create(api, {"apiVersion": "llamafleet.io/v1alpha1", "kind": "SharedPrefix",
