@@ -45,9 +45,6 @@ async def test_harness_measures_reuse_and_agreement_when_run_against_real_server
     # two of the three sessions share a pod (there are two): there the patched server holds the head once
     assert shared["source"] == "kv_cells_used"
     assert shared["cells"] <= upstream["cells"] - 0.8 * head, (shared, upstream)
-    # with history too (the head known from disk now: one session restores it, the others attach)
-    assert patched["kv_by_history"][1]["cells"] <= fleet["kv_by_history"][1]["cells"] - 0.8 * head, (
-        patched["kv_by_history"][1], fleet["kv_by_history"][1])
     # with history, each session's own turns are held on both, beside the head
     for runs in (fleet["kv_by_history"], patched["kv_by_history"]):
         history = sum(r["cache_n"] + r["prompt_n"] for r in runs[-1]["replies"]) - 3 * prompt
