@@ -12,10 +12,12 @@ import httpx
 import redis.asyncio as aioredis
 from pydantic import ValidationError
 
+from llamafleet_core.agent_client import AgentClient
 from llamafleet_core.agent_tokens import namespace_token
 from llamafleet_core.index.base import PrefixIndex
 from llamafleet_core.warming import WarmResult
 from llamafleet_operator.kube import Kube
+from llamafleet_operator.reconcile import pods as P
 from llamafleet_operator.reconcile.retry import Backoff
 from llamafleet_operator.settings import OperatorSettings
 
@@ -76,6 +78,10 @@ class Context:
     def agent_token_for(self, namespace: str) -> str:
         """The token the agents of `namespace` accept: derived from the master (agent_tokens.py)."""
         return namespace_token(self.agent_token, namespace) if self.agent_token and namespace else ""
+
+    def agent_of(self, pod: P.Pod) -> AgentClient:
+        """The snapshot agent beside `pod`, called with its namespace's token."""
+        return AgentClient(P.warm_pod(pod).agent_url, self.http, self.agent_token_for(P.namespace(pod)))
 
     def lock(self, key: str) -> asyncio.Lock:
         return self.locks.setdefault(key, asyncio.Lock())

@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from llamafleet_core.agent_client import AgentClient, AgentError
+from llamafleet_core.agent_client import AgentError
 from llamafleet_core.crd.models import ImageFeatures, LlamaFleetSpec
 from llamafleet_operator.reconcile import pods as P
 from llamafleet_operator.reconcile.context import Context, Log
@@ -78,7 +78,7 @@ async def detect(ctx: Context, spec: LlamaFleetSpec, pods: Sequence[P.Pod],
                  logger: Log) -> ImageFeatures | None:
     """Ask up to MAX_ASKED pods of the current image; the first answer wins. None when none answered."""
     for pod in candidates(pods, spec.image)[:MAX_ASKED]:
-        agent = AgentClient(P.warm_pod(pod).agent_url, ctx.http, ctx.agent_token_for(P.namespace(pod)))
+        agent = ctx.agent_of(pod)
         try:
             info = await agent.info()
         except AgentError as exc:

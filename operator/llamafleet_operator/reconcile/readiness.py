@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llamafleet_core import labels as L
-from llamafleet_core.agent_client import AgentClient, AgentError
+from llamafleet_core.agent_client import AgentError
 from llamafleet_core.warming import PrefixSource, snapshot_name
 from llamafleet_operator.reconcile import pods as P
 from llamafleet_operator.reconcile.context import Context, Log
@@ -82,7 +82,7 @@ async def declare_required(ctx: Context, pods: list[P.Pod], prefixes: list[Fleet
     names = required_set(prefixes, [P.name(p) for p in pods])
 
     async def one(pod: P.Pod) -> None:
-        agent = AgentClient(P.warm_pod(pod).agent_url, ctx.http, ctx.agent_token_for(P.namespace(pod)))
+        agent = ctx.agent_of(pod)
         try:
             current = await agent.required()
             if current.declared and sorted(current.required) == names:

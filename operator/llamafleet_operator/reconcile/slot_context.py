@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from llamafleet_core.agent_client import AgentClient, AgentError
+from llamafleet_core.agent_client import AgentError
 from llamafleet_core.crd.models import LlamaFleetSpec
 from llamafleet_operator.reconcile import pods as P
 from llamafleet_operator.reconcile.context import Context, Log
@@ -50,7 +50,7 @@ async def read(ctx: Context, pods: Sequence[P.Pod], logger: Log) -> int | None:
     answers = []
     asked = [p for p in pods if P.ready(p) and not P.deleting(p) and (p.get("status") or {}).get("podIP")]
     for pod in asked[:MAX_ASKED]:
-        agent = AgentClient(P.warm_pod(pod).agent_url, ctx.http, ctx.agent_token_for(P.namespace(pod)))
+        agent = ctx.agent_of(pod)
         try:
             answers.append(await agent.info())
         except AgentError as exc:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import httpx
@@ -64,12 +64,12 @@ def day_bodies(day1: AgentProfile, day2: AgentProfile, model: str, key: str) -> 
 
 
 async def later_day(http: httpx.AsyncClient, url: str, day1: AgentProfile, day2: AgentProfile, model: str,
-                    key: str, restart_all: Callable[[], Any]) -> list[Reply]:
-    """A day-1 session, then every pod restarts, then two day-2 sessions one after the other (the first
-    finds only what survived the restart; the second may also reuse what the first left)."""
+                    key: str, between: Callable[[], Awaitable[Any]]) -> list[Reply]:
+    """A day-1 session, then `between` (every pod restarts: `restart_all`), then two day-2 sessions one
+    after the other (the first finds only what survived; the second may also reuse what the first left)."""
     bodies = day_bodies(day1, day2, model, key)
     replies = [await stream_chat(http, url, bodies[0])]
-    await restart_all()
+    await between()
     for body in bodies[1:]:
         replies.append(await stream_chat(http, url, body))
     return replies
@@ -77,16 +77,14 @@ async def later_day(http: httpx.AsyncClient, url: str, day1: AgentProfile, day2:
 
 async def later_day_from_ram(http: httpx.AsyncClient, url: str, day1: AgentProfile, day2: AgentProfile,
                              other: AgentProfile, model: str, key: str, slots: int) -> list[Reply]:
-    """A day-1 session; then `slots` sessions of another agent at once, so that no slot holds the day-1
-    head any more and only RAM may (the server's prompt cache, a patched pod's prefix entry); then two
-    day-2 sessions one after the other, no pod restarted."""
-    bodies = day_bodies(day1, day2, model, key)
-    replies = [await stream_chat(http, url, bodies[0])]
-    await asyncio.gather(*(stream_chat(http, url, other.request(model, q, max_tokens=1))
-                           for q in questions(f"{key}/other", slots)))
-    for body in bodies[1:]:
-        replies.append(await stream_chat(http, url, body))
-    return replies
+    """`later_day` with, in between, `slots` sessions of another agent at once, so that no slot holds the
+    day-1 head any more and only RAM may (the server's prompt cache, a patched pod's prefix entry); no
+    pod restarted."""
+    async def other_agent() -> None:
+        await asyncio.gather(*(stream_chat(http, url, other.request(model, q, max_tokens=1))
+                               for q in questions(f"{key}/other", slots)))
+
+    return await later_day(http, url, day1, day2, model, key, other_agent)
 
 
 async def three_at_once(http: httpx.AsyncClient, url: str, servers: Sequence[str], profile: AgentProfile,

@@ -88,7 +88,7 @@ class PrefixMatchScorer:
                 ram = pod_ram.get(uid)
                 if ram is None:
                     ram = pod_ram[uid] = ram_blocks(lookup, c.endpoint)
-                held = max(slots.get(c.key, 0), ram)
+                held = max(own, ram)
             else:
                 held = own  # held_blocks without building a SlotRef
             exact = c.key in exact_head or (c.endpoint.cache_prefix and
