@@ -11,12 +11,12 @@ import asyncio
 import sys
 from typing import Any
 
-import httpx
 import uvicorn
 from prometheus_client import CollectorRegistry
 
 from llamafleet_agent.app import create_app
 from llamafleet_agent.settings import AgentSettings
+from llamafleet_core import http_pool
 from llamafleet_core.llama_client import LlamaClient
 
 # (flags, settings field, type). The first spelling is the one `llamafleet_core.podspec.agent_args`
@@ -62,7 +62,7 @@ def parse_settings(argv: list[str]) -> AgentSettings:
 
 
 async def serve(settings: AgentSettings) -> None:
-    async with httpx.AsyncClient() as http:
+    async with http_pool.async_client() as http:
         app = create_app(
             settings, llama=LlamaClient(settings.llama_url, http, api_key=settings.resolved_llama_api_key()),
             http=http, registry=CollectorRegistry(),

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import httpx
 
+from llamafleet_core import http_pool
 from llamafleet_local.redis_server import free_port
 
 LOG_TAIL_LINES = 40
@@ -101,7 +102,7 @@ class LlamaServerProcess:
                 start_new_session=True,
             )
         deadline = time.monotonic() + timeout
-        with httpx.Client(timeout=2.0) as http:
+        with http_pool.sync_client(timeout=2.0) as http:
             while time.monotonic() < deadline:
                 code = self.proc.poll()
                 if code is not None:

@@ -23,6 +23,7 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.routing import Route
 
+from llamafleet_core import http_pool
 from llamafleet_core.index.base import PrefixIndex, SlotLeases
 from llamafleet_core.types import PodRef
 from llamafleet_router.access.auth import ApiKeys
@@ -64,8 +65,8 @@ def make_http_client(settings: RouterSettings) -> httpx.AsyncClient:
         max_connections=settings.max_connections,
         timeout=httpx.Timeout(connect=settings.connect_timeout, read=None, write=settings.write_timeout,
                               pool=settings.pool_timeout),
-        limits=httpx.Limits(max_connections=settings.max_connections,
-                            max_keepalive_connections=min(settings.max_connections, 256)),
+        # Pooled connections expire before the pods and agents close them (http_pool.py).
+        limits=http_pool.pool_limits(settings.max_connections, min(settings.max_connections, 256)),
     )
 
 

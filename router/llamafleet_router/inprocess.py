@@ -16,12 +16,14 @@ import httpx
 import uvicorn
 from starlette.applications import Starlette
 
+from llamafleet_core import http_pool
+
 
 @contextlib.asynccontextmanager
 async def app_client(app: Starlette, base_url: str = "http://router") -> AsyncIterator[httpx.AsyncClient]:
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url=base_url, timeout=30.0) as client:
+        async with http_pool.async_client(transport=transport, base_url=base_url, timeout=30.0) as client:
             yield client
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import httpx
 
+from llamafleet_core import http_pool
 from llamafleet_local.up.config import ConfigError, FleetConfig, load_fleet
 from llamafleet_local.up.contexts import trained_context
 from llamafleet_testbed.bench import scenarios as sc
@@ -49,7 +50,7 @@ async def sessions(url: str, model: str, prefix_chars: int, tools: bool = True) 
     spec = WorkloadSpec(prefix_chars=prefix_chars, workspace="/home/dev/projects/demo")
     if not tools:
         spec = dataclasses.replace(spec, tools_share=0.0)
-    async with httpx.AsyncClient(timeout=httpx.Timeout(30.0, read=600.0)) as http:
+    async with http_pool.async_client(timeout=httpx.Timeout(30.0, read=600.0)) as http:
         replies = await sc.three_sessions(http, url, make_profile(spec), model, "demo")
         question = sc.questions("demo-next-day", 1)[0]
         replies.append(await stream_chat(
@@ -60,7 +61,7 @@ async def sessions(url: str, model: str, prefix_chars: int, tools: bool = True) 
 async def template_renders_tools(url: str) -> bool:
     """What llama-server at `url` says of its chat template (`/props` caps); yes when it does not say.
     A template without tools (SmolLM2's) drops them, and a prefix of tool schemas would be no prefix."""
-    async with httpx.AsyncClient(timeout=30.0) as http:
+    async with http_pool.async_client(timeout=30.0) as http:
         caps = (await http.get(url + "/props")).json().get("chat_template_caps") or {}
     return bool(caps.get("supports_tools", True))
 

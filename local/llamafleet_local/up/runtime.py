@@ -23,6 +23,7 @@ from typing import Any
 
 import httpx
 
+from llamafleet_core import http_pool
 from llamafleet_core.agent_client import AgentClient
 from llamafleet_core.index.resp import redacted_url
 from llamafleet_core.warming import PrefixSource, WarmPod
@@ -64,7 +65,7 @@ class LocalFleet:
                             else None)
         self.redis: RedisServer | None = None
         self.index: gw.Index | None = None
-        self.http = httpx.AsyncClient(timeout=httpx.Timeout(30.0, read=None))
+        self.http = http_pool.async_client(timeout=httpx.Timeout(30.0, read=None))
         self.app: Any = None
         self._stack = contextlib.AsyncExitStack()
         self._ready = asyncio.Event()

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import httpx
 import kopf
 
+from llamafleet_core import http_pool
 from llamafleet_core.index.redis_conn import connect
 from llamafleet_core.index.redis_index import RedisPrefixIndex
 from llamafleet_operator.handlers.diffbase import DigestedDiffBaseStorage
@@ -38,7 +38,7 @@ async def startup_fn(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: k
         ours.redis_url, prefix=ours.index_prefix, timeout_s=2.0, op_timeout_s=2.0)
     memo.ctx = Context(
         kube=await Kube.connect(default_kubeconfig(ours.kubeconfig)),
-        http=httpx.AsyncClient(timeout=ours.http_timeout_s),
+        http=http_pool.async_client(timeout=ours.http_timeout_s),
         settings=ours,
         agent_token=ours.resolved_agent_token(),
         pod_api_key=ours.resolved_pod_api_key(),

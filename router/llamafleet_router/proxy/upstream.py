@@ -17,6 +17,8 @@ from typing import Any
 import aiohttp
 import httpx
 
+from llamafleet_core import http_pool
+
 
 class GatewayClient(httpx.AsyncClient):
     """An httpx client that also owns the aiohttp session of the proxy's upstream requests."""
@@ -33,8 +35,8 @@ class GatewayClient(httpx.AsyncClient):
             connector = aiohttp.TCPConnector(
                 limit=self._max_connections, limit_per_host=0, ttl_dns_cache=300, force_close=False,
                 # llama-server closes idle keep-alive connections after 5 s: drop ours first, so a
-                # request is not written into a connection the pod is closing.
-                keepalive_timeout=4.0,
+                # request is not written into a connection the pod is closing (http_pool.py).
+                keepalive_timeout=http_pool.KEEPALIVE_EXPIRY_S,
             )
             self._session = aiohttp.ClientSession(
                 connector=connector,

@@ -30,6 +30,7 @@ from typing import Any
 
 import httpx
 
+from llamafleet_core import http_pool
 from llamafleet_local.up.config import FleetConfig, parse_documents
 from llamafleet_local.up.resolve import Resolved, resolve
 from llamafleet_testbed.bench import scenarios as sc
@@ -116,7 +117,7 @@ def _summary(reply: Reply) -> dict[str, Any]:
 async def plain_days(plain: PlainPods, model: str) -> dict[str, Any]:
     """The plain server through the same days: restarted between them, as the fleet's pods are."""
     out: dict[str, Any] = {}
-    async with httpx.AsyncClient(timeout=TIMEOUT) as http:
+    async with http_pool.async_client(timeout=TIMEOUT) as http:
         for day in range(3):
             if day:
                 await plain.restart_all()
@@ -129,7 +130,7 @@ async def fleet_days(run: FleetRun, model: str, restart: Callable[[], Awaitable[
                      workspace: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     url = await run.start()
-    async with httpx.AsyncClient(timeout=TIMEOUT) as http:
+    async with http_pool.async_client(timeout=TIMEOUT) as http:
         for day in range(3):
             if day:
                 url = await restart()
@@ -182,7 +183,7 @@ async def third_sessions(config: FleetConfig, resolved: Resolved, folder: Path, 
     for name, setup in (("plain", plain), ("fleet", fleet)):
         await setup.start()
         try:
-            async with httpx.AsyncClient(timeout=TIMEOUT) as http:
+            async with http_pool.async_client(timeout=TIMEOUT) as http:
                 replies = await sc.three_sessions(http, setup.url, profile, model, "burst")
             out[name] = [_summary(r) for r in replies]
         finally:
@@ -217,7 +218,7 @@ async def first_sessions(config: FleetConfig, resolved: Resolved, folder: Path, 
     try:
         for setup in setups.values():
             await setup.start()
-        async with httpx.AsyncClient(timeout=TIMEOUT) as http:
+        async with http_pool.async_client(timeout=TIMEOUT) as http:
             for r in range(FIRST_ROUNDS):
                 for name, setup in setups.items():
                     reply = await stream_chat(http, setup.url, new_head_body(model, f"{name}-{r}"))

@@ -11,8 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
-
+from llamafleet_core import http_pool
 from llamafleet_testbed.workload import PREFIX_TOKENS, AgentProfile, WorkloadSpec, make_profile, next_day
 
 FLEET = "bench"
@@ -100,7 +99,7 @@ def make_profiles(chars: dict[int, int], plan: Plan) -> Profiles:
 def prefix_tokens_on(server: str) -> Callable[[int], int]:
     def measure(chars: int) -> int:
         profile = make_profile(WorkloadSpec(prefix_chars=chars))
-        with httpx.Client(timeout=120.0) as http:
+        with http_pool.sync_client(timeout=120.0) as http:
             body = {"messages": profile.messages("x"), "tools": list(profile.tools)}
             prompt = http.post(server + "/apply-template", json=body).json()["prompt"]
             prompt = prompt[: prompt.rindex("<|im_start|>user")]  # tokens before the first user message

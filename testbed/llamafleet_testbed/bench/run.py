@@ -21,6 +21,7 @@ from typing import Any
 
 import httpx
 
+from llamafleet_core import http_pool
 from llamafleet_local.up.config import FleetConfig, parse_documents
 from llamafleet_local.up.resolve import Resolved, resolve
 from llamafleet_testbed.bench import scenarios as sc
@@ -44,7 +45,7 @@ async def run_as_is(setups: dict[str, PlainPods | Fleet], model: str, profiles: 
     r on every setup (order rotated by r) before repeat r + 1."""
     kinds = list(setups)
     out: dict[str, list[list[dict[str, Any]]]] = {kind: [] for kind in kinds}
-    async with httpx.AsyncClient(timeout=TIMEOUT) as http:
+    async with http_pool.async_client(timeout=TIMEOUT) as http:
         for r, prof in enumerate(profiles.as_is):
             for kind in kinds[r % len(kinds):] + kinds[: r % len(kinds)]:
                 out[kind].append(replies(await sc.three_sessions(http, setups[kind].url, prof, model,
@@ -58,7 +59,7 @@ async def run_setup(setup: PlainPods | Fleet, kind: str, model: str, profiles: P
     """The other scenarios against one started setup, after its interleaved `as_is` runs; raw replies
     by scenario."""
     out: dict[str, Any] = {"as_is": as_is, "declared": [], "warm_up": [], "sizes": {}}
-    async with httpx.AsyncClient(timeout=TIMEOUT) as http:
+    async with http_pool.async_client(timeout=TIMEOUT) as http:
         url = setup.url
         if kind in FLEETS:
             out["snapshot_files"] = _snapshot_files(setup)
@@ -133,7 +134,7 @@ async def minimum_for(server: str, plan: Plan, model: str) -> int:
     from llamafleet_testbed.bench.stats import minimum_prefill
 
     prompts: list[list[int]] = []
-    async with httpx.AsyncClient(timeout=120.0) as http:
+    async with http_pool.async_client(timeout=120.0) as http:
         for p in mixed_workload(plan.mixed_sessions, prefix_chars=plan.mixed_prefix_chars):
             for body in p.requests(model):
                 prompts.append(await sc.prompt_tokens(http, server, body))
@@ -210,7 +211,7 @@ async def cold_reference(resolved: Resolved, folder: Path, profiles: Profiles, m
     setup = PlainPods("reference", resolved, folder, 2, sglang=False, flash_attention=None)
     await setup.start()
     try:
-        async with httpx.AsyncClient(timeout=httpx.Timeout(30.0, read=900.0)) as http:
+        async with http_pool.async_client(timeout=httpx.Timeout(30.0, read=900.0)) as http:
             lanes = asyncio.Semaphore(len(setup.servers))
 
             async def cold(i: int, body: dict[str, Any]) -> dict[str, Any]:

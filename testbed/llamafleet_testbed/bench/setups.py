@@ -26,8 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
-
+from llamafleet_core import http_pool
 from llamafleet_local.redis_server import free_port
 from llamafleet_local.up import LocalFleet, UpOptions
 from llamafleet_local.up.config import FleetConfig
@@ -76,7 +75,7 @@ class PlainPods:
             self.url = f"http://127.0.0.1:{port}"
         else:
             self.url = self.servers[0]
-        self.http = httpx.AsyncClient(timeout=30.0)
+        self.http = http_pool.async_client(timeout=30.0)
 
     @property
     def servers(self) -> list[str]:
@@ -147,7 +146,7 @@ class Fleet:
         own schedule: a request in between gets 503 `no_pod_available`. Wait until `/health` lists every
         pod as up, so the first measured request meets the whole fleet."""
         deadline = time.monotonic() + timeout
-        async with httpx.AsyncClient(timeout=5.0) as http:
+        async with http_pool.async_client(timeout=5.0) as http:
             while time.monotonic() < deadline:
                 resp = await http.get(self.url + "/health")
                 if resp.status_code == 200 and resp.json().get("pods_up") == len(self.fleet.pods):

@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 import httpx
 
+from llamafleet_core import http_pool
 from llamafleet_core.index.base import IndexUnavailable
 from llamafleet_core.prefix import ChatTemplate, chat_identity, prefix_key_bytes
 from llamafleet_core.types import SlotRef
@@ -186,7 +187,7 @@ async def running_fleet(binary: Path | None, run_dir: Path, *, snapshots: bool =
     fleet = LocalFleet(fleet_config(binary, **kwargs),
                        UpOptions(port=0, run_dir=run_dir, restart=True, max_restarts=3, pod_timeout=60.0),
                        Reporter(log))
-    async with fleet, httpx.AsyncClient(timeout=httpx.Timeout(60.0)) as http:
+    async with fleet, http_pool.async_client(timeout=httpx.Timeout(60.0)) as http:
         await fleet.wait_ready(ready_timeout)
         if snapshots:
             fleet.app.state.gateway.enable_snapshots(SnapshotConfig(token=fleet.agent_token,
