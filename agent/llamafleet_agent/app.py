@@ -35,10 +35,11 @@ from llamafleet_agent.bodies import PullBody, RequiredBody, RestoreBody, SaveBod
 from llamafleet_agent.features import FeatureReport
 from llamafleet_agent.metrics import AgentMetrics
 from llamafleet_agent.required import Requirements
+from llamafleet_agent.restore_check import RestoreCheck
 from llamafleet_agent.service import LlamaLike, SnapshotService
 from llamafleet_agent.settings import AgentSettings
 from llamafleet_agent.store import Refused, SnapshotStore
-from llamafleet_core.gguf_meta import model_resume_kind
+from llamafleet_core.gguf_meta import model_resume_kind, model_sliding_window
 
 # Probes: the kubelet cannot send the shared token, and readiness reveals nothing sensitive. Metrics:
 # Prometheus holds no token either, and they hold no secret (module docstring).
@@ -105,6 +106,8 @@ def create_app(
     limit = settings.max_body_bytes
     # Read once: the router needs it to predict what a slot of this pod can resume from (gguf_meta.py).
     resume = model_resume_kind(settings.model_file, swa_full=settings.swa_full)
+    restores = RestoreCheck(llama, model_sliding_window(settings.model_file, swa_full=settings.swa_full),
+                            lambda: store.temp_path("probe"))
 
     def operation(op: str) -> Callable[[Callable[[Request], Awaitable[Any]]], Callable[..., Any]]:
         """Turn a handler's result or `Refused` into a response, counting outcomes and time per op."""
@@ -146,9 +149,14 @@ def create_app(
         digest_ok = service.digest_ready()
         fingerprint = await current_fingerprint() if llama_ok and digest_ok else None
         required = requirements.status(fingerprint)
-        ok = llama_ok and digest_ok and fingerprint is not None and required.satisfied
+        if llama_ok:
+            restores.start()
+        probed = restores.report  # not ready while pending: the gateway must know before it routes here
+        ok = (llama_ok and digest_ok and fingerprint is not None and required.satisfied
+              and probed.state != "pending")
         body = {"ready": ok, "llama": llama_ok, "model_digest": digest_ok, "declared": required.declared,
-                "required": required.required, "missing": required.missing, "resume": resume}
+                "required": required.required, "missing": required.missing, "resume": resume,
+                "restores": probed.state}
         return JSONResponse(body, status_code=200 if ok else 503)
 
     counted: list[tuple[object, float]] = []  # (folder state, when) of the last count of the folder
@@ -182,7 +190,7 @@ def create_app(
     async def info(request: Request) -> Any:
         return {"pod": settings.pod_name, "fleet": settings.fleet, "model": settings.model_name,
                 "attach": settings.attach, "features": report.to_json(),
-                "slotContext": await service.slot_context()}
+                "slotContext": await service.slot_context(), "restores": restores.report.to_json()}
 
     @operation("list")
     async def list_snapshots(request: Request) -> Any:
@@ -213,6 +221,7 @@ def create_app(
     @operation("save")
     async def save(request: Request) -> Any:
         b = await read_json(request, SaveBody, limit)
+        await restores.settled()  # the probe's slot round trip is over before a save touches a slot
         return await service.save(
             b.slot, b.name, pinned=b.pinned, blocks=b.blocks, block_chars=b.block_chars, tokens=b.tokens,
             n_chars=b.n_chars, text_hash=b.text_hash,
@@ -226,6 +235,7 @@ def create_app(
     @operation("restore")
     async def restore(request: Request) -> Any:
         b = await read_json(request, RestoreBody, limit)
+        await restores.settled()
         return await service.restore(request.path_params["name"], b.slot)
 
     @operation("serve")
@@ -261,6 +271,7 @@ def create_app(
         report.load()
         service.start_digest()  # hash the model while llama-server is still loading it
         yield
+        await restores.close()
 
     routes = [
         Route("/health", health, methods=["GET"]),
@@ -280,6 +291,7 @@ def create_app(
     ]
     app = Starlette(routes=routes, lifespan=lifespan)
     app.state.service = service
+    app.state.restores = restores
     app.state.store = store
     app.add_middleware(BearerAuth, token=token, metrics=metrics)
     return app

@@ -29,7 +29,7 @@ from llamafleet_agent.files import SymlinkRefused, read_json_nofollow, write_ato
 from llamafleet_core.snapshot import SnapshotManifest, valid_snapshot_name
 from llamafleet_core.snapshot_signing import manifest_signed, sign_manifest
 
-TEMP_PREFIXES = (".save-", ".pull-")
+TEMP_PREFIXES = (".save-", ".pull-", ".probe-")  # restore_check.py makes the last
 
 
 class Refused(Exception):

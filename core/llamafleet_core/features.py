@@ -24,6 +24,7 @@ from typing import Any
 FEATURE_FLAGS: dict[str, tuple[str, ...]] = {
     "slot_attach": ("--slot-attach", "LLAMA_ARG_SLOT_ATTACH"),
     "cache_prefix": ("--cache-prefix", "LLAMA_ARG_CACHE_PREFIX"),
+    "slot_checkpoints": ("--slot-save-checkpoints", "LLAMA_ARG_SLOT_SAVE_CHECKPOINTS"),
 }
 # Options every llama-server since 2024 defines: text without them is not llama-server's help (a shell
 # error, a missing library, the wrong binary), and then nothing is known rather than "nothing supported".
@@ -44,6 +45,7 @@ class ServerFeatures:
 
     slot_attach: bool = False
     cache_prefix: bool = False
+    slot_checkpoints: bool = False  # `--slot-save-checkpoints`: slot files carry context checkpoints
     flags: frozenset[str] = field(default=frozenset(), repr=False, compare=False)
     """Every flag and env variable the help defines (for checks beyond the named features; two builds
     with the same features compare equal whatever else they define)."""
@@ -53,11 +55,13 @@ class ServerFeatures:
 
     def to_json(self) -> dict[str, bool]:
         """The camelCase form the agent reports and the fleet status records."""
-        return {"slotAttach": self.slot_attach, "cachePrefix": self.cache_prefix}
+        return {"slotAttach": self.slot_attach, "cachePrefix": self.cache_prefix,
+                "slotCheckpoints": self.slot_checkpoints}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> ServerFeatures:
-        return cls(slot_attach=bool(data.get("slotAttach")), cache_prefix=bool(data.get("cachePrefix")))
+        return cls(slot_attach=bool(data.get("slotAttach")), cache_prefix=bool(data.get("cachePrefix")),
+                   slot_checkpoints=bool(data.get("slotCheckpoints")))
 
 
 def spellings(help_text: str) -> frozenset[str]:

@@ -126,10 +126,25 @@ def resume_kind(meta: dict[str, Any], *, swa_full: bool = False) -> ResumeKind:
         return "anywhere"
     if any(f"{arch}.{suffix}" in meta for suffix in _RECURRENT_SUFFIXES):
         return "checkpoints"
-    window = meta.get(f"{arch}.{_WINDOW_SUFFIX}")
-    if not swa_full and isinstance(window, int) and window > 0:
-        return "checkpoints"
-    return "anywhere"
+    return "checkpoints" if sliding_window(meta, swa_full=swa_full) else "anywhere"
+
+
+def sliding_window(meta: dict[str, Any], *, swa_full: bool = False) -> int | None:
+    """Pure: the model's attention window in tokens, None without one (or with `--swa-full`, whose
+    cache keeps every cell)."""
+    arch = meta.get("general.architecture")
+    window = meta.get(f"{arch}.{_WINDOW_SUFFIX}") if isinstance(arch, str) else None
+    if swa_full or not isinstance(window, int) or isinstance(window, bool) or window <= 0:
+        return None
+    return window
+
+
+def model_sliding_window(path: Path, *, swa_full: bool = False) -> int | None:
+    """`sliding_window` of a model file; None when it cannot be read."""
+    try:
+        return sliding_window(read_metadata(path), swa_full=swa_full)
+    except (OSError, ValueError, struct.error):
+        return None
 
 
 def model_resume_kind(path: Path, *, swa_full: bool = False) -> ResumeKind:

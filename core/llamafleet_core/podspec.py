@@ -77,11 +77,26 @@ def cache_prefix_enabled(spec: LlamaFleetSpec, *, supported: bool) -> bool:
     return mode == "auto" and supported and spec.cache_ram_mib != 0
 
 
+# Checkpoints a snapshot file carries (`--slot-save-checkpoints`): the gateway's restores extend the
+# snapshot, so the latest checkpoint, a few tokens before its end, is what they resume from; the one
+# before it (an ubatch earlier) serves a prompt that parts just before the end. Each is the size of the
+# window's cells (Gemma 3 270M: 7.5 MiB beside a 17 MiB file at 3K tokens), so a few, not all.
+SNAPSHOT_CHECKPOINTS = 2
+
+
+def snapshot_checkpoints_enabled(spec: LlamaFleetSpec, *, supported: bool) -> bool:
+    """Resolve `prefixSharing.snapshotCheckpoints`: `auto` needs a supporting image."""
+    mode = spec.prefix_sharing.snapshot_checkpoints
+    return mode == "on" or (mode == "auto" and supported)
+
+
 def detects_features(spec: LlamaFleetSpec) -> bool:
     """Whether the image's features could change the rendering, i.e. whether to detect them at all.
 
     Only an `auto` flag whose other conditions hold depends on the image; pods of any other spec get no
     detector, so they start exactly as before and images without a shell run unchanged."""
+    # `snapshotCheckpoints: auto` rides on the detection these start: alone it would put a detector into
+    # every fleet that turned the others on or off by hand, for a flag only some models need.
     return (cache_prefix_enabled(spec, supported=True) and spec.prefix_sharing.cache_prefix == "auto") or (
         attach_enabled(spec, supported=True) and spec.prefix_sharing.attach == "auto")
 
@@ -116,9 +131,11 @@ def llama_server_args(
     host: str = "0.0.0.0",
     attach: bool = False,
     cache_prefix: bool = False,
+    snapshot_checkpoints: bool = False,
 ) -> list[str]:
     """llama-server's argv (without the program), from the spec; `attach` from `attach_enabled()`,
-    `cache_prefix` from `cache_prefix_enabled()`."""
+    `cache_prefix` from `cache_prefix_enabled()`, `snapshot_checkpoints` from
+    `snapshot_checkpoints_enabled()`."""
     args = [
         "-m", model_path,
         "-a", spec.model.name,
@@ -155,6 +172,8 @@ def llama_server_args(
         args += ["--slot-attach"]
     if cache_prefix:
         args += ["--cache-prefix"]
+    if snapshot_checkpoints:
+        args += ["--slot-save-checkpoints", str(SNAPSHOT_CHECKPOINTS)]
     return args + list(spec.extra_args)
 
 

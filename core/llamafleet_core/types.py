@@ -41,6 +41,9 @@ class Endpoint:
     # False when the model's slots resume only at llama-server's context checkpoints (recurrent or
     # sliding-window layers, see gguf_meta.py): a slot holding more than the prompt shares gives less.
     resume_anywhere: bool = True
+    # False when the pod's agent found that its server does not resume from a restored slot (a sliding
+    # window on upstream llama-server: agent/restore_check.py): no restores, primes or snapshots there.
+    restores: bool = True
     labels: tuple[tuple[str, str], ...] = ()
 
     @property

@@ -34,7 +34,8 @@ async def test_info_reports_patched_features_when_help_file_names_them(tmp_path:
         info = await AgentClient("http://a", http, TOKEN).info()
         assert info["pod"] == "p-0" and info["fleet"] == "f"
         assert info["features"] == {"known": True, "slotAttach": True, "cachePrefix": True,
-                                    "message": "slot_attach, cache_prefix"}
+                                    "slotCheckpoints": True,
+                                    "message": "slot_attach, cache_prefix, slot_checkpoints"}
         assert (await http.get("/v1/info")).status_code == 401, "info is for the operator and routers only"
         text = (await http.get("/metrics", headers={"Authorization": f"Bearer {TOKEN}"})).text
     assert 'llamafleet_agent_server_feature{feature="slot_attach"} 1.0' in text

@@ -27,6 +27,8 @@ PATCHED_HELP = """\
                                         (env: LLAMA_ARG_SLOT_ATTACH)
 -cpfx, --cache-prefix                   keep a persistent RAM cache entry cut at the first user message
                                         (env: LLAMA_ARG_CACHE_PREFIX)
+--slot-save-checkpoints N                slot saves write the slot's last N context checkpoints
+                                        (env: LLAMA_ARG_SLOT_SAVE_CHECKPOINTS)
 --slot-save-path PATH                   path to save slot kv cache (default: disabled)
 """
 
@@ -42,7 +44,7 @@ def test_upstream_build_has_no_prefix_sharing_flags_when_parsed(llama_server_bin
     text = upstream_help(llama_server_bin)
     features = parse_help(text)
     assert features is not None, text[:500]
-    assert (features.slot_attach, features.cache_prefix) == (False, False)
+    assert (features.slot_attach, features.cache_prefix, features.slot_checkpoints) == (False, False, False)
     # Recognised as a whole, not by luck: the options the renderer emits are all found.
     for flag in ("--slot-save-path", "--ctx-size", "--kv-unified", "-no-kvu", "--cache-ram", "-fa", "-np",
                  "--no-cache-idle-slots", "--kv-unified-per-slot", "--fit"):
@@ -53,10 +55,11 @@ def test_upstream_build_has_no_prefix_sharing_flags_when_parsed(llama_server_bin
 def test_patched_build_features_found_when_flags_have_aliases_and_envs() -> None:
     features = parse_help(PATCHED_HELP)
     assert features is not None
-    assert features.slot_attach and features.cache_prefix
+    assert features.slot_attach and features.cache_prefix and features.slot_checkpoints
     assert {"-sa", "--no-slot-attach", "-cpfx", "LLAMA_ARG_SLOT_ATTACH"} <= features.flags
-    assert features.to_json() == {"slotAttach": True, "cachePrefix": True}
-    assert ServerFeatures.from_json(features.to_json()) == ServerFeatures(slot_attach=True, cache_prefix=True)
+    assert features.to_json() == {"slotAttach": True, "cachePrefix": True, "slotCheckpoints": True}
+    assert ServerFeatures.from_json(features.to_json()) == ServerFeatures(slot_attach=True, cache_prefix=True,
+                                                                          slot_checkpoints=True)
 
 
 def test_flag_named_only_in_a_description_is_not_a_feature_when_parsed() -> None:

@@ -184,3 +184,31 @@ def test_greedy_equal_forgives_only_a_parting_at_a_near_tie() -> None:
     assert not same and "parts at token 1" in detail
     assert not greedy_equal(_answer(["q", "b", "c", "d"]), cold)[0]  # not a candidate at all
     assert not greedy_equal(_answer(["a", "b"]), cold)[0]  # cut short
+
+
+async def test_a_sliding_window_model_on_upstream_pods_gets_slot_locality_and_no_restores(
+    start_llama_server: StartLlamaServer, tmp_path: Path, redis_url: str,
+) -> None:
+    """Gemma 3 on upstream llama-server resumes no restored slot (agent/restore_check.py): the agent's
+    probe says so before the pod turns ready, and the gateway then builds no first-sight snapshot and
+    restores none, while a session's resend still goes to the slot holding it (slot locality)."""
+    gemma = ensure_real_model("gemma3-270m")
+    profile = make_profile(WorkloadSpec(prefix_chars=4_000, tools_share=0.0, day=DAY, workspace="/srv/w"))
+    body = profile.request("gemma", "Which file comes first?", max_tokens=4, stream=False)
+    body.pop("tools")
+    async with httpx.AsyncClient(timeout=300) as http, \
+            agent_pod(start_llama_server, gemma, "gemma", tmp_path / "a", http, slots=2, ctx=2 * 4096) as pod:
+        assert (await http.get(pod.agent_url + "/ready")).json()["restores"] in ("pending", "unusable")
+        async with gateway([pod.spec], redis_url, prefix="rm-gemma", agent_token=TOKEN) as gw:
+            [status] = await gw.app.state.gateway.discovery.endpoints()
+            assert status.endpoint.restores is False, status.endpoint
+            first = await chat(http, gw.url, body)
+            assert first.status == 200 and first.action.startswith("compute/"), first.action
+            assert first.action != "compute/first_sight", "a head was built for snapshots nobody can use"
+            await settled(gw)
+            again = await chat(http, gw.url, body)
+            assert again.action == "direct/slot_hit" and again.cache_n > 0.9 * again.prompt_tokens, again
+            await _fresh_slots(pod, gw, "gemma", http)
+            cold = await chat(http, gw.url, body)
+            assert cold.status == 200 and not cold.action.startswith("restore/"), cold.action
+        assert not list(pod.snapshot_dir.glob("*.bin")), "no snapshot is saved on such a pod"

@@ -203,8 +203,12 @@ async def test_a_new_prefix_is_primed_into_idle_slots_of_its_pod_so_the_next_ses
         assert len(on_primed) >= 1, (layout, primed)
         for x in later:
             assert x.status == 200 and x.cache_n >= 0.95 * _prefix_tokens(one), layout
-        # The primed slot's session skipped its restore; the other session restored once.
-        assert sum(after) - sum(restores) == len(later) - len(on_primed), (layout, restores, after)
+        # The primed slot's session skipped its restore; the other restored once, unless it came after the
+        # first session ended and found that session's slot holding the prefix (a slot hit: no restore).
+        others = [x for x in later if x not in on_primed]
+        restored = [x for x in others if x.action.startswith("restore/")]
+        assert all(x.action.startswith(("restore/", "direct/slot_hit")) for x in others), layout
+        assert sum(after) - sum(restores) == len(restored), (layout, restores, after)
         if name == "tiny-hybrid":
             assert used == len(on_primed) and all(x.action == "restore/primed" for x in on_primed), layout
         else:

@@ -37,18 +37,20 @@ def test_upstream_binary_accepts_no_patched_flag_so_auto_renders_none(
     pod = PodLayout("d-0", 1, 2, tmp_path, tmp_path)
     argv = server_argv(llama_server_bin, spec, pod, Path("/m"), features)
     assert "--slot-attach" not in argv and "--cache-prefix" not in argv
+    assert "--slot-save-checkpoints" not in argv
 
 
 def test_patched_binary_gets_the_flags_in_server_and_agent_when_auto(tmp_path: Path) -> None:
     binary = fake_binary(tmp_path, PATCHED_HELP)
     features = server_features(binary)
-    assert features == ServerFeatures(slot_attach=True, cache_prefix=True)
+    assert features == ServerFeatures(slot_attach=True, cache_prefix=True, slot_checkpoints=True)
     config = load_fleet(write(tmp_path, UNIFIED))
     pod = PodLayout("demo-0", 1234, 1235, tmp_path / "snap", tmp_path)
     argv = server_argv(binary, config.fleet.spec, pod, Path("/m.gguf"), features)
     assert argv == [str(binary), *podspec.llama_server_args(
         config.fleet.spec, model_path="/m.gguf", port=1234, slot_save_path=str(tmp_path / "snap"),
-        host="127.0.0.1", attach=True, cache_prefix=True)]
+        host="127.0.0.1", attach=True, cache_prefix=True, snapshot_checkpoints=True)]
+    assert argv[argv.index("--slot-save-checkpoints") + 1] == str(podspec.SNAPSHOT_CHECKPOINTS)
     assert "--attach" in agent_args(config.fleet.spec, pod, Path("/m.gguf"), "demo", tmp_path / "t", features)
     # Unknown (no features) keeps auto off.
     assert "--slot-attach" not in server_argv(binary, config.fleet.spec, pod, Path("/m.gguf"), None)

@@ -213,3 +213,23 @@ async def test_pod_resumes_only_at_checkpoints_when_its_agent_says_so() -> None:
         finally:
             await disc.stop()
     assert got == {URL: False, "http://pod-y:8080": True, "http://pod-z:8080": True}
+
+
+async def test_pod_gets_no_restores_when_its_agent_found_them_unused() -> None:
+    """The agent's restore probe (agent/restore_check.py) found that the server does not resume from a
+    restored slot: the endpoint says so; an older agent's body, or none, keeps restores on."""
+    window, older = FakePod(URL, model="m"), FakePod("http://pod-z:8080", model="m")
+    fleet = FakeFleet(window, older)
+    for agent in ("http://agent-x:9000", "http://agent-z:9000"):
+        fleet.agents_ready[agent] = True
+    fleet.agents_body["http://agent-x:9000"] = {"ready": True, "resume": "checkpoints",
+                                                "restores": "unusable"}
+    specs = [PodSpec.parse(f"{URL}|http://agent-x:9000"), PodSpec.parse("http://pod-z:8080|http://agent-z:9000")]
+    async with fleet.client() as http:
+        disc = StaticDiscovery(specs, http, poll_interval=60)
+        await disc.start()
+        try:
+            got = {s.endpoint.url: s.endpoint.restores for s in await disc.endpoints()}
+        finally:
+            await disc.stop()
+    assert got == {URL: False, "http://pod-z:8080": True}

@@ -121,6 +121,11 @@ class PrefixSharing(CRModel):
     cache_prefix: FeatureMode = "auto"
     """`--cache-prefix`: a persistent RAM cache entry at the first user message. Needs the RAM cache
     (cacheRamMiB not 0)."""
+    snapshot_checkpoints: FeatureMode = "auto"
+    """`--slot-save-checkpoints`: a snapshot file carries the slot's last context checkpoints, so a
+    restored slot of a sliding-window model resumes from it (upstream recomputes its whole prompt, and
+    the agents then turn restores off: status.restores) and one of a hybrid model also before its end.
+    `auto` uses the detection `attach` or `cachePrefix` in `auto` start (alone it starts none)."""
     head_tokens: int | None = Field(default=None, ge=1, le=1 << 21)
     """Tokens of the head the fleet's sessions share (tool schemas and system prompt). Where slots
     attach, the unified pool then holds it once plus every slot's own context,
@@ -221,6 +226,7 @@ class ImageFeatures(StatusModel):
     """False when the pod's help text was not llama-server's (no shell, a library missing, wrong path)."""
     slot_attach: bool = False
     cache_prefix: bool = False
+    slot_checkpoints: bool = False
     pod: str = ""
     """The pod whose agent reported it."""
     detected_at: str = ""
@@ -243,6 +249,10 @@ class LlamaFleetStatus(StatusModel):
     slot_context: int | None = None
     """Tokens each slot really holds, as the pods' llama-server reports it (the smallest): below
     contextPerSlot when the model's training context capped it (condition ContextCapped)."""
+    restores: Literal["reusable", "unusable"] | None = None
+    """Whether the pods' llama-server resumes from a slot restored from a snapshot file, as their agents
+    probed it at start: `unusable` (a sliding-window model on upstream llama-server) turns the gateway's
+    restores off for the fleet, and condition RestoresOff says why."""
     image_features: ImageFeatures | None = None
     phase: Literal["Pending", "Progressing", "Ready", "Degraded", "Failed"] | None = None
     observed_generation: int | None = None

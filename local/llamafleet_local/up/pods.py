@@ -69,6 +69,12 @@ def cache_prefix(spec: LlamaFleetSpec, features: ServerFeatures | None) -> bool:
     return podspec.cache_prefix_enabled(spec, supported=features is not None and features.cache_prefix)
 
 
+def snapshot_checkpoints(spec: LlamaFleetSpec, features: ServerFeatures | None) -> bool:
+    """`prefixSharing.snapshotCheckpoints` resolved against what the binary accepts (pure)."""
+    supported = features is not None and features.slot_checkpoints
+    return podspec.snapshot_checkpoints_enabled(spec, supported=supported)
+
+
 def server_argv(binary: Path, spec: LlamaFleetSpec, pod: PodLayout, model: Path,
                 features: ServerFeatures | None = None, api_key_file: Path | None = None) -> list[str]:
     """llama-server's full argv (pure): the binary, then exactly `podspec.llama_server_args`, with the
@@ -77,6 +83,7 @@ def server_argv(binary: Path, spec: LlamaFleetSpec, pod: PodLayout, model: Path,
     return [str(binary), *podspec.llama_server_args(
         spec, model_path=str(model), port=pod.server_port, slot_save_path=str(pod.snapshot_dir), host=HOST,
         attach=attach(spec, features), cache_prefix=cache_prefix(spec, features),
+        snapshot_checkpoints=snapshot_checkpoints(spec, features),
         api_key_file=str(api_key_file) if api_key_file is not None else None,
     )]
 

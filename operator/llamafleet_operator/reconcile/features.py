@@ -41,7 +41,8 @@ def support(record: ImageFeatures | None) -> dict[str, bool]:
     """The `Target` options a record allows: nothing while unknown."""
     known = record is not None and record.known
     return {"attach_supported": known and bool(record and record.slot_attach),
-            "cache_prefix_supported": known and bool(record and record.cache_prefix)}
+            "cache_prefix_supported": known and bool(record and record.cache_prefix),
+            "checkpoints_supported": known and bool(record and record.slot_checkpoints)}
 
 
 def same(a: ImageFeatures | None, b: ImageFeatures | None) -> bool:
@@ -69,7 +70,8 @@ def from_info(image: str, pod: str, info: Mapping[str, Any]) -> ImageFeatures:
     known = bool(features.get("known"))
     return ImageFeatures(
         image=image, known=known, slot_attach=known and bool(features.get("slotAttach")),
-        cache_prefix=known and bool(features.get("cachePrefix")), pod=pod, detected_at=now(),
+        cache_prefix=known and bool(features.get("cachePrefix")),
+        slot_checkpoints=known and bool(features.get("slotCheckpoints")), pod=pod, detected_at=now(),
         message=str(features.get("message") or ("" if known else "the agent reported no features")),
     )
 

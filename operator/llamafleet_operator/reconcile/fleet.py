@@ -19,6 +19,7 @@ from llamafleet_core import membership, podspec
 from llamafleet_core.crd.models import ImageFeatures, LlamaFleet
 from llamafleet_operator.reconcile import features as F
 from llamafleet_operator.reconcile import pods as P
+from llamafleet_operator.reconcile import restores as R
 from llamafleet_operator.reconcile import slot_context as SC
 from llamafleet_operator.reconcile.admission import violations
 from llamafleet_operator.reconcile.conflicts import TYPE as MODEL_CONFLICT
@@ -32,7 +33,7 @@ from llamafleet_operator.status import Cond, condition, merge, transitions
 
 API = L.API_VERSION
 # Conditions whose every change is also an event: what needs someone to act.
-REPORTED = ("Degraded", MODEL_CONFLICT, SC.TYPE)
+REPORTED = ("Degraded", MODEL_CONFLICT, SC.TYPE, R.TYPE)
 
 
 def parse_fleet(body: Mapping[str, Any]) -> LlamaFleet:
@@ -49,10 +50,11 @@ def parse_fleet(body: Mapping[str, Any]) -> LlamaFleet:
 
 def fleet_status(fleet: LlamaFleet, pods: list[P.Pod], previous: Mapping[str, Any] | None,
                  features: ImageFeatures | None = None, model_conflict: Cond | None = None,
-                 slot_context: int | None = None) -> dict[str, Any]:
+                 slot_context: int | None = None, restores: tuple[str, str] | None = None) -> dict[str, Any]:
     """Status from the pods that exist now, what the image is known to accept, whether another fleet
     serves the same model (`model_conflict`, conflicts.py) and the context the pods' slots really have
-    (`slot_context`, slot_context.py; None: the last record stays) (pure)."""
+    (`slot_context`, slot_context.py) and whether they reuse restored snapshots (`restores`, (state,
+    reason), restores.py); None keeps the last record of either (pure)."""
     spec, meta = fleet.spec, fleet.metadata
     support = F.support(features)
     live = [p for p in pods if not P.deleting(p)]
@@ -82,7 +84,10 @@ def fleet_status(fleet: LlamaFleet, pods: list[P.Pod], previous: Mapping[str, An
     phase = "Degraded" if failing else "Ready" if all_ready else "Pending" if not live else "Progressing"
     slot_context = slot_context if slot_context is not None else (previous or {}).get("slotContext")
     capped = SC.capped_condition(spec, slot_context)
-    conditions = [ready, progressing, degraded] + [c for c in (model_conflict, capped) if c is not None]
+    restores_off = R.restores_condition(*restores) if restores is not None else None
+    state = restores[0] if restores is not None else (previous or {}).get("restores")
+    conditions = [ready, progressing, degraded] + [c for c in (model_conflict, capped, restores_off)
+                                                   if c is not None]
     return {
         "replicas": spec.replicas,
         "readyReplicas": n_ready,
@@ -92,6 +97,7 @@ def fleet_status(fleet: LlamaFleet, pods: list[P.Pod], previous: Mapping[str, An
         "attach": podspec.attach_enabled(spec, supported=support["attach_supported"]),
         "cachePrefix": podspec.cache_prefix_enabled(spec, supported=support["cache_prefix_supported"]),
         "slotContext": slot_context,
+        "restores": state,
         # None removes a record of another image (a merge patch deletes null fields).
         "imageFeatures": features.to_k8s() if features is not None else None,
         "phase": phase,
@@ -150,7 +156,8 @@ async def reconcile_fleet(ctx: Context, body: Mapping[str, Any],
     served = claims(fleets)
     conflict = model_condition(fleet_id(namespace, name), fleet.spec.model.name, served,
                                ctx.settings.model_owners())
-    status = fleet_status(fleet, pods, previous, features, conflict, await SC.read(ctx, pods, logger))
+    answers = await SC.ask(ctx, pods, logger)
+    status = fleet_status(fleet, pods, previous, features, conflict, SC.smallest(answers), R.probed(answers))
     if _changed(previous, status):
         await ctx.kube.patch_status(API, "LlamaFleet", namespace, name, status)
         logger.info(f"status: {status['ready']} ready, phase {status['phase']}")
@@ -186,7 +193,8 @@ async def _apply_children(ctx: Context, fleet: LlamaFleet, namespace: str, featu
 def _describe(record: ImageFeatures) -> str:
     if not record.known:
         return f"features unknown ({record.message})"
-    flags = (("--slot-attach", record.slot_attach), ("--cache-prefix", record.cache_prefix))
+    flags = (("--slot-attach", record.slot_attach), ("--cache-prefix", record.cache_prefix),
+             ("--slot-save-checkpoints", record.slot_checkpoints))
     on = [flag for flag, ok in flags if ok]
     return f"accepts {', '.join(on)}" if on else "accepts no prefix-sharing flag"
 

@@ -45,14 +45,15 @@ def capped_condition(spec: LlamaFleetSpec, slot_context: int | None) -> Cond | N
     return condition(TYPE, False, "AsRequested", f"each slot holds {slot_context} tokens")
 
 
-async def read(ctx: Context, pods: Sequence[P.Pod], logger: Log) -> int | None:
-    """The smallest slot context the agents of up to MAX_ASKED ready pods report; None if none did."""
-    answers = []
+async def ask(ctx: Context, pods: Sequence[P.Pod], logger: Log) -> list[Mapping[str, Any]]:
+    """What the agents of up to MAX_ASKED ready pods report (`/v1/info`): the slot context here, the
+    restore probe's result for restores.py."""
+    answers: list[Mapping[str, Any]] = []
     asked = [p for p in pods if P.ready(p) and not P.deleting(p) and (p.get("status") or {}).get("podIP")]
     for pod in asked[:MAX_ASKED]:
         agent = ctx.agent_of(pod)
         try:
             answers.append(await agent.info())
         except AgentError as exc:
-            logger.debug(f"slot context: agent of {P.name(pod)} did not answer: {exc.reason}")
-    return smallest(answers)
+            logger.debug(f"pod report: agent of {P.name(pod)} did not answer: {exc.reason}")
+    return answers

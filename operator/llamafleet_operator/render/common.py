@@ -32,6 +32,8 @@ class Target:
     """The image is a patched build with --slot-attach (detected: status.imageFeatures)."""
     cache_prefix_supported: bool = False
     """The image is a patched build with --cache-prefix (detected: status.imageFeatures)."""
+    checkpoints_supported: bool = False
+    """The image is a patched build with --slot-save-checkpoints (detected: status.imageFeatures)."""
     agent_token_secret: str | None = None
     """Secret (key `token`) that router and operator use to call the agent."""
     operator_namespace: str | None = None
@@ -77,6 +79,10 @@ class Target:
     def cache_prefix(self, spec: LlamaFleetSpec) -> bool:
         """Whether this target's pods run llama-server with --cache-prefix."""
         return podspec.cache_prefix_enabled(spec, supported=self.cache_prefix_supported)
+
+    def snapshot_checkpoints(self, spec: LlamaFleetSpec) -> bool:
+        """Whether this target's pods run llama-server with --slot-save-checkpoints."""
+        return podspec.snapshot_checkpoints_enabled(spec, supported=self.checkpoints_supported)
 
 
 def owner_reference(fleet: LlamaFleet) -> Manifest | None:

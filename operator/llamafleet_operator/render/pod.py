@@ -167,6 +167,7 @@ def server_container(spec: LlamaFleetSpec, target: Target) -> Manifest:
         api_key_file=API_KEY_FILE if spec.api_key_secret_ref is not None else None,
         attach=target.attach(spec),
         cache_prefix=target.cache_prefix(spec),
+        snapshot_checkpoints=target.snapshot_checkpoints(spec),
     )
     mounts = [
         {"name": "models", "mountPath": podspec.MODEL_DIR, "readOnly": True},

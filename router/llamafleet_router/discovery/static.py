@@ -51,6 +51,7 @@ class _Pod:
     busy: frozenset[int] = frozenset()
     shape: tuple[tuple[int, int], ...] | None = None
     resume_anywhere: bool = True  # from the agent's /ready (gguf_meta.py); pods without agents: True
+    restores: bool = True  # the agent's restore probe (agent/restore_check.py) did not find them useless
     first_poll: asyncio.Event = field(default_factory=asyncio.Event)
     purge: asyncio.Task[None] | None = None  # the fence started when the pod went down
 
@@ -170,6 +171,7 @@ class StaticDiscovery:
             attach=pod.spec.attach,
             cache_prefix=pod.spec.cache_prefix,
             resume_anywhere=pod.resume_anywhere,
+            restores=pod.restores,
         )
         return PodStatus(endpoint=endpoint, props=pod.props, busy_slots=pod.busy if pod.up else frozenset(),
                          fleet=pod.spec.fleet)
@@ -194,7 +196,9 @@ class StaticDiscovery:
         if resp.status_code != 200:
             return False
         with contextlib.suppress(ValueError, AttributeError):  # an older agent's body: keep the default
-            pod.resume_anywhere = resp.json().get("resume") != "checkpoints"
+            body = resp.json()
+            pod.resume_anywhere = body.get("resume") != "checkpoints"
+            pod.restores = body.get("restores") != "unusable"
         return True
 
     async def _refresh(self, pod: _Pod) -> None:

@@ -158,8 +158,11 @@ def restorable_snapshots(lookup: Lookup, endpoint: Endpoint) -> Iterator[tuple[S
     """Snapshots that could be restored into a slot of `endpoint`, with whether they are remote.
 
     A snapshot on the pod itself is restored by llama-server from its own --slot-save-path. One on
-    another pod must first be pulled by this pod's agent, so it needs an agent here.
+    another pod must first be pulled by this pod's agent, so it needs an agent here. A pod whose server
+    does not resume from a restored slot (`Endpoint.restores`) has none.
     """
+    if not endpoint.restores:
+        return
     for snap in lookup.snapshots:
         if snap.n_blocks <= 0:
             continue

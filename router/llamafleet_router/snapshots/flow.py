@@ -89,7 +89,8 @@ class SnapshotFlow:
             return decision
         primed = self.primer.slots.take(decision.slot_ref)  # the request changes what the slot holds
         target = decision.endpoint
-        if decision.branch == Branch.QUEUED or target.agent_url is None:
+        # Without restores (`Endpoint.restores`) no step has anything to do: a snapshot could never be used.
+        if decision.branch == Branch.QUEUED or target.agent_url is None or not target.restores:
             return decision
         prep = Preparation(req, decision, pods, peer_agents(pods, target, self.config.tokens),
                            slot_context(pods, target), primed)

@@ -159,7 +159,8 @@ class Primer:
         once `after` is set (the request that built it answers) or `_PRIME_START_S` passed: each load is
         a copy in the pod's main loop, which would otherwise delay that request's first token."""
         here = next((p for p in pods if p.endpoint.uid == snap.pod_uid), None)
-        if count > 0 and here is not None and here.ready and here.endpoint.agent_url:
+        primable = here is not None and here.ready and here.endpoint.agent_url and here.endpoint.restores
+        if count > 0 and here is not None and primable:
             self._tasks.spawn(self._prime(req, snap, here.endpoint.uid, agents, lender, count, after),
                               name="prime-slots")
 

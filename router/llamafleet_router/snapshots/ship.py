@@ -52,7 +52,8 @@ class Shipper:
         """Start copying `ref` to `target` (pod uid -> agent URL in `agents` names its source), unless
         a copy there is already made, under way or failed."""
         source, key = agents.get(ref.pod_uid), (ref.name, target.uid)
-        if source is None or target.agent_url is None or target.uid == ref.pod_uid or key in self._started:
+        if (source is None or target.agent_url is None or not target.restores or target.uid == ref.pod_uid
+                or key in self._started):
             return
         if len(self._started) >= _REMEMBERED:
             self._started.clear()  # at worst a copy is made twice; the agent replaces it atomically

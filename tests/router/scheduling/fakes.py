@@ -72,6 +72,7 @@ def endpoint(
     attach: bool = False,
     cache_prefix: bool = False,
     resume_anywhere: bool = True,
+    restores: bool = True,
 ) -> Endpoint:
     return Endpoint(
         pod=PodRef(name=name, uid=f"uid-{name}", epoch=1),
@@ -83,6 +84,7 @@ def endpoint(
         attach=attach,
         cache_prefix=cache_prefix,
         resume_anywhere=resume_anywhere,
+        restores=restores,
     )
 
 

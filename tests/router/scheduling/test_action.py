@@ -131,6 +131,17 @@ def test_hybrid_slot_holding_only_the_shared_head_restores_the_exact_snapshot_in
     assert (dense.action, dense.predicted_blocks, dense.branch) == (Action.DIRECT, 30, "slot_hit")
 
 
+def test_a_pod_whose_server_does_not_reuse_restores_computes_instead() -> None:
+    """A snapshot covering the prompt, here or on a peer, is never restored into a pod whose agent found
+    restores unused (a sliding-window model: `Endpoint.restores`); its own slot still counts."""
+    prompt = request(n_blocks=40, session_blocks=30).prompt
+    lookup = Lookup(slots={slot("b", 1): 10},
+                    snapshots=(snapshot("here", "b", 30), snapshot("peer", "a", 30)))
+    assert choose_action(prompt, endpoint("b"), 1, lookup, ActionCosts()).action == Action.RESTORE
+    off = choose_action(prompt, endpoint("b", restores=False), 1, lookup, ActionCosts())
+    assert (off.action, off.snapshot, off.predicted_blocks) == (Action.DIRECT, None, 10)
+
+
 def test_hybrid_slot_holding_this_conversation_past_its_head_is_used_directly() -> None:
     """A later turn whose slot matches past the shared head (its own history) resumes at the checkpoint
     its previous turn left near its end: the whole match counts."""
