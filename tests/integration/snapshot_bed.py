@@ -114,12 +114,15 @@ class SaveGate:
 async def agent_pod(
     start: StartLlamaServer, model: Path, name: str, root: Path, http: httpx.AsyncClient, *,
     slots: int = 4, flaky: bool = False, saves: SaveGate | None = None, ctx: int | None = None,
+    flags: tuple[str, ...] = (),
 ) -> AsyncIterator[AgentPod]:
     """A llama-server named `name` with its agent on a socket (`flaky`: the agent dies mid-transfer;
-    `saves`: its slot saves pass that gate; `ctx`: its `-c`, default the factory's)."""
+    `saves`: its slot saves pass that gate; `ctx`: its `-c`, default the factory's; `flags`: more of
+    llama-server's arguments)."""
     snapdir = root / "snapshots"
     snapdir.mkdir(parents=True, exist_ok=True)
-    server = start(model, slots=slots, ctx=ctx, slot_save_path=snapdir, extra_args=("-a", name, *SERVER_ARGS))
+    server = start(model, slots=slots, ctx=ctx, slot_save_path=snapdir,
+                   extra_args=("-a", name, *SERVER_ARGS, *flags))
     settings = AgentSettings(
         llama_url=server.url, snapshot_dir=snapdir, model_file=model, slots=slots, flash_attn="on",
         pod_name=root.name, model_name=name, peer_networks=list(LOOPBACK_NETWORKS),
