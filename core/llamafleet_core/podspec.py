@@ -146,11 +146,15 @@ def llama_server_args(
     ]
     if spec.kv_unified:
         # In a unified pool one slot could grow over the whole pool: cap it at what sessions were sized for.
-        # Idle slots must stay in the pool: with the default --cache-idle-slots they move to RAM and are
-        # cleared on the next task, so a pinned request would recompute everything (measured.md).
-        args += ["-kvu", "--kv-unified-per-slot", str(spec.context_per_slot), "--no-cache-idle-slots"]
+        args += ["-kvu", "--kv-unified-per-slot", str(spec.context_per_slot)]
     else:
         args += ["-no-kvu"]
+    # Idle slots stay as they are. With the default --cache-idle-slots every task launch first copies each
+    # idle slot that changed into the RAM cache (a unified pool also clears them, so a pinned request would
+    # recompute everything: measured.md): the gateway pins each turn to its session's slot, so the copies
+    # buy nothing it uses, and a slot about to lose its content is still saved to RAM. SmolLM2 at 7K tokens
+    # a slot: 85 ms of every turn against 4 ms (bench/results/idle_slots.json).
+    args += ["--no-cache-idle-slots"]
     args += [
         "-ctk", spec.cache_type_k,
         "-ctv", spec.cache_type_v,

@@ -27,10 +27,11 @@ def server_args(s: LlamaFleetSpec, **kw: Any) -> list[str]:
 
 
 def test_server_argv_golden_when_per_slot_kv() -> None:
-    """Per-slot streams: -c is slots * contextPerSlot, and the KV layout is spelled out in full."""
+    """Per-slot streams: -c is slots * contextPerSlot, and the KV layout is spelled out in full; idle
+    slots are never copied to RAM at each task launch (bench/bench_idle_slots.py)."""
     assert server_args(spec()) == [
         "-m", "/m/tiny.gguf", "-a", "tiny", "--host", "0.0.0.0", "--port", "8080",
-        "-np", "2", "-c", "8192", "-no-kvu",
+        "-np", "2", "-c", "8192", "-no-kvu", "--no-cache-idle-slots",
         "-ctk", "f16", "-ctv", "f16", "-fa", "on", "--fit", "off",
         "--slot-save-path", "/snap", "--metrics", "--jinja",
     ]
