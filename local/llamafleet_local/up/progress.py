@@ -48,6 +48,8 @@ class FleetProgress:
     restarts: int = 0
     # Per pod: the context each of its slots holds, as its llama-server reports it (None: it did not say).
     slot_contexts: dict[str, int | None] = field(default_factory=dict)
+    # Per pod: whether its server resumes restored slots (`restores.py`): reusable, unusable or pending.
+    restores: dict[str, str] = field(default_factory=dict)
 
     def prefix_warm(self, p: PrefixProgress) -> bool:
         return not p.error and p.finished is not None and p.warm == self.pods_total
@@ -66,6 +68,7 @@ class FleetProgress:
             "prefixes": len(self.prefixes),
             "restarts": self.restarts,
             "slot_context": dict(sorted(self.slot_contexts.items())),
+            "restores": dict(sorted(self.restores.items())),
             "shared_prefixes": {
                 p.name: {"warm": p.warm, "desired": self.pods_total, "tokens": p.tokens,
                          "seconds": round(p.seconds, 2), "error": p.error or None,

@@ -39,6 +39,7 @@ from llamafleet_local.up.pods import cache_prefix as pod_cache_prefix
 from llamafleet_local.up.procs import dying_with_parent
 from llamafleet_local.up.progress import FleetProgress, PrefixProgress, Reporter
 from llamafleet_local.up.resolve import Resolved, resolve
+from llamafleet_local.up.restores import read_restores, restores_note
 from llamafleet_local.up.run_folder import default_run_dir, write_secret, write_state
 from llamafleet_local.up.shutdown import Step, run_steps
 from llamafleet_local.up.state import StateLock, manifest_key_file, open_state, prefix_key
@@ -182,6 +183,7 @@ class LocalFleet:
     async def _start_pod(self, pod: LocalPod) -> None:
         await pod.start(self.http, self.agent_token, self.options.pod_timeout)
         await self.read_context(pod)
+        await self.read_restores(pod)
         pod.ready = True
         self.progress.pods_up.add(pod.name)
         self.report()
@@ -268,6 +270,14 @@ class LocalFleet:
         self.progress.slot_contexts[pod.name] = got
         self.reporter.say(context_note(pod.name, self.config.fleet.spec.context_per_slot, got,
                                        self.trained_context))
+
+    async def read_restores(self, pod: LocalPod) -> None:
+        """Whether `pod`'s server resumes restored slots (`restores.py`), recorded and said when not."""
+        agent = AgentClient(pod.layout.agent_url, self.http, self.agent_token)
+        report = await read_restores(agent, self.options.pod_timeout)
+        self.progress.restores[pod.name] = str(report.get("state"))
+        if note := restores_note(pod.name, report):
+            self.reporter.say(note)
 
     # --- warming ---------------------------------------------------------------------------------
 
