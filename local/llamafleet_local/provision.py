@@ -51,6 +51,12 @@ def ensure_named_model(name: str) -> Path:
     return path
 
 
+def named_chat_template(name: str) -> Path | None:
+    """The chat template the test bed runs the named model with when its GGUF carries none."""
+    path: Path | None = _testbed("named_models", f"the named model {name!r}").named_chat_template(name)
+    return path
+
+
 def own_binary(env_name: str = ENV_BINARY) -> Path | None:
     """The llama-server binary `$env_name` names, None when unset; ProvisionError when it names no
     executable file."""

@@ -26,6 +26,14 @@ def ensure_named_model(name: str) -> Path:
     return ensure_model(name)
 
 
+def named_chat_template(name: str) -> Path | None:
+    """The chat template the project runs the named model with when its GGUF carries none."""
+    model = REAL_MODELS.get(name)
+    if model is None or model.chat_template is None:
+        return None
+    return Path(__file__).resolve().parent / "templates" / model.chat_template
+
+
 def main(argv: list[str]) -> int:
     """`llamafleet models [--real] [NAME ...]`: print each model's cached GGUF (written or fetched first)."""
     parser = argparse.ArgumentParser(prog="llamafleet models", description=main.__doc__)

@@ -51,6 +51,9 @@ class RealModel:
     sha256: str  # of the assembled GGUF
     size: int  # bytes of the assembled GGUF
     description: str
+    # The chat template to run it with, a file in `templates/`, when its GGUF carries none (llama-server
+    # would render every chat as ChatML); None: the GGUF's own.
+    chat_template: str | None = None
 
     @property
     def file_name(self) -> str:
@@ -80,6 +83,7 @@ REAL_MODELS: dict[str, RealModel] = {
             sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
             size=253_113_024,
             description="Gemma 3 270M base, Q4_K_M, sliding-window attention, no chat template in the GGUF",
+            chat_template="gemma3.jinja",  # the Gemma 3 instruction models' template
         ),
     )
 }

@@ -100,3 +100,39 @@ def test_local_render_equals_apply_template_and_session_prefix_is_a_token_prefix
             full = tokenize(http, server, ident.text)
             prefix = tokenize(http, server, ident.text[: ident.session_prefix_chars])
             assert full[: len(prefix)] == prefix, name
+
+
+GEMMA_CONVERSATION = {"messages": [
+    {"role": "system", "content": "You review pull requests. Be brief."},
+    {"role": "user", "content": "Look at a.py"},
+    {"role": "assistant", "content": "It reads a file twice."},
+    {"role": "user", "content": "And b.py?"},
+]}
+
+
+@pytest.mark.models
+def test_gemma3s_template_renders_as_llama_server_does_and_cuts_at_its_turn_markers(
+    start_llama_server: Any,
+) -> None:
+    """The project's Gemma 3 template (the GGUF of gemma3-270m carries none) renders byte for byte as
+    llama-server renders it, and a conversation's session prefix is cut before `<start_of_turn>` of its
+    last user turn (Gemma's turn markers are not `<|...|>` tokens), a token prefix of the prompt. Its
+    head holds nothing: the template writes the system prompt inside the first user turn."""
+    from llamafleet_testbed.named_models import named_chat_template
+    from llamafleet_testbed.real_models import ensure_real_model
+
+    template_file = named_chat_template("gemma3-270m")
+    assert template_file is not None and template_file.is_file()
+    url = start_llama_server(ensure_real_model("gemma3-270m"), slots=1, ctx=2048,
+                             extra_args=("--jinja", "--chat-template-file", str(template_file))).url
+    with httpx.Client(timeout=60) as http:
+        template = ChatTemplate.from_props(http.get(url + "/props").json())
+        assert template.markers == ("<start_of_turn>", "<end_of_turn>")
+        expected = http.post(url + "/apply-template", json=GEMMA_CONVERSATION).json()["prompt"]
+        ident = chat_identity(GEMMA_CONVERSATION, template, model="gemma", block_chars=64)
+        assert ident.text == expected
+        cut = ident.session_prefix_chars
+        assert ident.text[cut:].startswith("<start_of_turn>user\nAnd b.py?"), ident.text[cut - 40:]
+        full, prefix = tokenize(http, url, ident.text), tokenize(http, url, ident.text[:cut])
+        assert full[: len(prefix)] == prefix
+        assert ident.shared_prefix_chars is not None and ident.shared_prefix_chars <= len("<bos>")

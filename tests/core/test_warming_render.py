@@ -129,3 +129,18 @@ def test_from_spec_copies_tools_messages_text_and_kwargs() -> None:
     raw = PrefixSource.from_spec("raw", SharedPrefixSpec.model_validate(
         {"fleetRef": {"name": "fleet"}, "text": "hello"}), "tiny")
     assert raw.text == "hello" and raw.tools == () and raw.messages == ()
+
+
+def test_a_template_that_writes_the_system_prompt_into_the_first_user_turn_is_refused_clearly() -> None:
+    """Gemma 3's template: `<start_of_turn>user` opens before the system prompt and nothing special
+    parts it from the user's text, so no prefix holds the system prompt alone; raw text still works."""
+    from llamafleet_testbed.named_models import named_chat_template
+
+    path = named_chat_template("gemma3-270m")
+    assert path is not None
+    gemma = ChatTemplate(source=path.read_text(), bos_token="<bos>")
+    with pytest.raises(WarmError) as caught:
+        render_prefix(source(tools=()), gemma)
+    assert "inside the first user message" in str(caught.value) and "`text`" in str(caught.value)
+    text = "<bos><start_of_turn>user\nYou review pull requests.\n\n"
+    assert render_prefix(source(text=text, messages=(), tools=()), gemma) == text

@@ -91,4 +91,6 @@ async def test_up_says_restores_are_off_on_a_sliding_window_model(
         await fleet.wait_ready()  # the gateway routes to the pod, having read the same from its agent
         [status] = await fleet.app.state.gateway.discovery.endpoints()
         assert status.endpoint.restores is False
+        assert status.props is not None and "<start_of_turn>" in status.props.chat_template
     assert "s-0: restores off: llama-server reused 0 of" in log.getvalue(), log.getvalue()
+    assert "chat template gemma3.jinja: gemma3-270m's GGUF carries none" in log.getvalue()

@@ -202,6 +202,8 @@ def chat_identity(
     messages = body.get("messages")
     if not isinstance(messages, list):
         raise PromptError("'messages' must be an array")
+    if markers is None and template is not None:
+        markers = template.markers  # Gemma's turns: `<start_of_turn>` (template.py)
     try:
         first, last = _user_indices(messages)
         # The full prompt ends in a new question: its shape's cached render with the question put in,

@@ -59,6 +59,28 @@ class Rendered:
     error: str | None = None  # why the template path was not used
 
 
+# Turn markers of template families whose special tokens are not spelled `<|...|>` (the prompt identity's
+# default markers), each a control token of its family's vocabulary, which llama.cpp splits out of the
+# text before tokenizing it: a cut just before one keeps the token-prefix rule (identity.py).
+TURN_MARKERS = ("<start_of_turn>", "<end_of_turn>")  # Gemma 2 and 3
+_PIPE_TOKEN = re.compile(r"<\|[^\s<>|]{1,64}\|>")
+
+
+# A template that opens with `{{ bos_token }}` is one whose vocab adds BOS itself (the Hugging Face
+# convention for Gemma and Llama 3): llama-server then strips the rendered BOS (`common_chat_templates_apply`
+# adds it as a token), and `/props` does not say so.
+_LEADING_BOS = re.compile(r"\s*(?:\{#.*?#\}\s*)*\{\{-?\s*bos_token\s*-?\}\}", re.DOTALL)
+
+
+@functools.lru_cache(maxsize=16)
+def template_markers(source: str) -> tuple[str, ...] | None:
+    """The special-token markers a template's renders are cut at (pure): None (the identity's `<|...|>`
+    default) unless the template writes one of `TURN_MARKERS`, then those it writes and every
+    `<|...|>` token it spells."""
+    found = [m for m in TURN_MARKERS if m in source]
+    return (*found, *sorted(set(_PIPE_TOKEN.findall(source)))) if found else None
+
+
 @functools.lru_cache(maxsize=16)
 def _heuristic_caps(source: str) -> Mapping[str, bool]:
     """What `jinja::caps_get` would likely find, when `/props` did not tell us."""
@@ -96,8 +118,14 @@ class ChatTemplate:
             eos_token=str(props.get("eos_token") or ""),
             caps=dict(caps) if isinstance(caps, Mapping) else None,
             tool_use_source=props.get("chat_template_tool_use") or None,
+            add_bos=bool(_LEADING_BOS.match(str(props.get("chat_template") or ""))),
             cache=cache if cache is not None else TemplateCache(),
         )
+
+    @property
+    def markers(self) -> tuple[str, ...] | None:
+        """Where its renders may be cut (`template_markers`)."""
+        return template_markers(self.source)
 
     def effective_caps(self) -> Mapping[str, bool]:
         return self.caps if self.caps is not None else _heuristic_caps(self.source)

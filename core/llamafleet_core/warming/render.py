@@ -12,6 +12,7 @@ snapshot are the blocks the router looks up.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from llamafleet_core.prefix import BLOCK_CHARS, ChatTemplate, PromptError, block_chain, chat_identity
@@ -56,7 +57,19 @@ def render_prefix(source: PrefixSource, template: ChatTemplate) -> str:
     cut = identity.session_prefix_chars
     if cut <= 0:
         raise WarmError("template render failed: no special-token boundary before the first user message")
+    if any(text not in identity.text[:cut] for text in _own_texts(source.messages)):
+        # Gemma's template writes the system prompt into the first user turn, with no special token
+        # between them: the last boundary before the user's text is before the system prompt.
+        raise WarmError("the chat template puts the system prompt inside the first user message, with no "
+                        "special token between them (Gemma's does), so no prefix of the prompt holds it "
+                        "alone: give the SharedPrefix as `text`, rendered up to where sessions part")
     return identity.text[:cut]
+
+
+def _own_texts(messages: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The string contents of the prefix's messages, as a template writes them (trimmed)."""
+    contents = (m.get("content") for m in messages)
+    return [c.strip() for c in contents if isinstance(c, str) and c.strip()]
 
 
 def snapshot_name(source: PrefixSource, text_hash: str) -> str:

@@ -17,7 +17,7 @@ from llamafleet_core.crd.fleet import LlamaFleetSpec
 from llamafleet_core.devices import min_batch_tokens, parse_devices
 from llamafleet_core.features import ServerFeatures, parse_help, summary
 from llamafleet_core.gguf_meta import GGUFError, read_metadata
-from llamafleet_local.provision import ensure_named_model, named_models, server_binary
+from llamafleet_local.provision import ensure_named_model, named_chat_template, named_models, server_binary
 from llamafleet_local.up.config import FleetConfig
 
 
@@ -72,6 +72,9 @@ def resolve(config: FleetConfig, say: Callable[[str], None]) -> Resolved:
     else:
         model = config.resolve(local.model).resolve()
     template = config.resolve(local.chat_template).resolve() if local.chat_template else None
+    if template is None and local.model in named_models() and (template := named_chat_template(local.model)):
+        say(f"chat template {template.name}: {local.model}'s GGUF carries none (set local.chatTemplate to "
+            "use another)")
     if local.llama_server is not None:
         binary = config.resolve(local.llama_server).resolve()
     else:
