@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from llamafleet_router.scheduling.framework import CycleState
+from llamafleet_core.types import Lookup
+from llamafleet_router.scheduling.framework import LOOKUP, CycleState
 from llamafleet_router.scheduling.plugins.filters.bounded_load import BoundedLoadFilter, BoundedLoadParams
 from llamafleet_router.scheduling.plugins.filters.has_idle_slot import HasIdleSlotFilter
 from llamafleet_router.scheduling.plugins.filters.healthy import HealthyFilter
 from llamafleet_router.scheduling.plugins.filters.model import ModelFilter
 
-from .fakes import request, state
+from .fakes import request, slot, snapshot, state
 
 
 def names(states: list) -> list[str]:  # type: ignore[type-arg]
@@ -57,13 +58,33 @@ def test_bounded_load_drops_endpoint_far_above_mean_when_it_has_no_idle_slot() -
 
 
 def test_bounded_load_keeps_busy_endpoint_with_idle_slot_when_exempt_idle() -> None:
-    """A pod with a free slot starts the request at once: dropping it would only lose its prefix."""
+    """A pod with a free slot starts the request at once: dropping it would lose its prefix, when it
+    holds the prompt past what any snapshot gives (a conversation's own slot, a head no snapshot holds);
+    below half busy it is kept whatever it holds."""
     eps = [state("a", busy=(0, 1, 2), in_flight=3), state("b", in_flight=0), state("c", in_flight=0)]
-    assert names(BoundedLoadFilter("bl", BoundedLoadParams()).filter(request(), CycleState(), eps)) == [
-        "a",
-        "b",
-        "c",
-    ]
+    held = CycleState()
+    held.write(LOOKUP, Lookup(slots={slot("a", 3): 6}, snapshots=(snapshot("head", "a", 4),)))
+    assert names(BoundedLoadFilter("bl", BoundedLoadParams()).filter(request(n_blocks=10), held, eps)) == [
+        "a", "b", "c"]
+    light = [state("a", busy=(0,), in_flight=1), state("b", in_flight=0), state("c", in_flight=0)]
+    assert names(BoundedLoadFilter("bl", BoundedLoadParams()).filter(request(), CycleState(), light)) == [
+        "a", "b", "c"]
+
+
+def test_bounded_load_spreads_new_sessions_of_a_known_head_once_a_pod_is_half_busy() -> None:
+    """All a holds is the head, which its snapshot gives b and c as well: from half its slots busy, a
+    new session goes where the load is lower (its agent pulls the snapshot). A --slot-attach pod keeps
+    them (one copy of the head serves its slots), and `spread_busy_share: 1` is the old rule."""
+    head = CycleState()
+    head.write(LOOKUP, Lookup(slots={slot("a", 0): 4, slot("a", 3): 4},
+                              snapshots=(snapshot("head", "a", 4),)))
+    eps = [state("a", busy=(0, 1), in_flight=2), state("b", in_flight=0), state("c", in_flight=0)]
+    flt = BoundedLoadFilter("bl", BoundedLoadParams())
+    assert names(flt.filter(request(n_blocks=10), head, eps)) == ["b", "c"]
+    attach = [state("a", busy=(0, 1), in_flight=2, attach=True), *eps[1:]]
+    assert names(flt.filter(request(n_blocks=10), head, attach)) == ["a", "b", "c"]
+    old = BoundedLoadFilter("bl", BoundedLoadParams(spread_busy_share=1.0))
+    assert names(old.filter(request(n_blocks=10), head, eps)) == ["a", "b", "c"]
 
 
 def test_bounded_load_drops_loaded_endpoint_when_idle_is_not_exempt() -> None:

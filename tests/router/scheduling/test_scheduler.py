@@ -57,6 +57,20 @@ async def test_restores_snapshot_into_another_slot_when_holder_slot_is_busy() ->
     assert d.snapshot is not None and d.snapshot.name == "pfx"
 
 
+async def test_sessions_of_a_known_head_fill_half_a_pod_then_go_to_the_idle_one() -> None:
+    """Concurrent sessions of a head whose snapshot is on a: the 2nd restores on a beside the 1st; with
+    half of a's slots busy the 3rd goes to the idle b and pulls the snapshot (every pod gets work)."""
+    snap = snapshot("head", "a", 10)
+    second = await make(FakeIndex(Lookup(slots={slot("a", 0): 10}, snapshots=(snap,)))).schedule(
+        request(n_blocks=12), [state("a", busy=(0,)), state("b")])
+    assert (second.endpoint.pod.name, second.action) == ("a", Action.RESTORE)
+    both_busy = Lookup(slots={slot("a", 0): 10, slot("a", 1): 10}, snapshots=(snap,))
+    third = await make(FakeIndex(both_busy)).schedule(request(n_blocks=12),
+                                                      [state("a", busy=(0, 1)), state("b")])
+    assert (third.endpoint.pod.name, third.action) == ("b", Action.RESTORE)
+    assert third.snapshot is not None and third.snapshot.pod_uid == "uid-a"  # pulled from a
+
+
 async def test_a_restore_goes_into_the_slot_released_longest_ago() -> None:
     """The restore replaces the slot's content: not the picked slot holding another session's
     recent turn (slot 0, released last), but the pod's idle slot used longest ago (slot 3); the lease

@@ -5,14 +5,27 @@ Parameters:
   - `load_factor` (float > 1, default 1.25): an endpoint is overloaded when its load exceeds
     `load_factor * (total_load + 1) / n_endpoints`. The `+ 1` counts the request being placed, so an idle
     fleet never looks overloaded (KubeAI's formula).
-  - `exempt_idle` (bool, default true): an endpoint with an idle slot is never dropped.
-Consumes: `EndpointState.in_flight + queue_depth` (the load) and `busy_slots`.
+  - `exempt_idle` (bool, default true): an endpoint with an idle slot is not dropped...
+  - `spread_busy_share` (float in (0, 1], default 0.5): ...unless at least this share of its slots is
+    busy and all it has for this prompt is what a snapshot gives any pod as well (a new session of a
+    head the fleet knows), on a pod whose slots do not attach. 1 turns it off.
+Consumes: `EndpointState.in_flight + queue_depth` (the load), `busy_slots`, and `lookup` (from
+`prefix-lookup`: what each pod's slots hold of the prompt, and the snapshots).
 Produces: nothing. Never empties a non-empty list: if every endpoint would be dropped, all are kept.
 
 Why `exempt_idle`: llama-server runs a request on an idle slot at once, so a pod with a free slot is not
 overloaded however many requests it holds, and steering away from it only throws away the prefix it
 holds (the project wants fewer pods per prefix, each serving more sessions). The guard matters when
 requests queue: it stops prefix affinity from piling a queue onto one hot pod.
+
+Why `spread_busy_share`: the exemption kept every new session of a known head on the pod holding its
+snapshot until that pod was full, while the others ran nothing (two real-model pods: every task on
+one). Where slots do not attach each slot holds its own copy of the head anyway, so once the pod is
+half busy its holding is worth keeping only when it is its own: a conversation's history past the
+head, or a head no snapshot holds; otherwise the session goes where the load is lower and its agent
+pulls the snapshot (below half busy the pod keeps it: a pull of a large model's head costs more than
+sharing a lightly loaded pod). A --slot-attach pod keeps the exemption: there one copy of the head
+serves every slot, and sessions sharing it save the pool.
 """
 
 from __future__ import annotations
@@ -22,7 +35,10 @@ from typing import Any, ClassVar
 
 from pydantic import Field
 
+from llamafleet_router.scheduling.action import extends_strictly
 from llamafleet_router.scheduling.framework import (
+    LOOKUP,
+    NO_LOOKUP,
     CycleState,
     EndpointState,
     PluginHandle,
@@ -30,11 +46,13 @@ from llamafleet_router.scheduling.framework import (
     PluginSpec,
     SchedRequest,
 )
+from llamafleet_router.scheduling.lookup_view import pod_best_blocks
 
 
 class BoundedLoadParams(PluginParams):
     load_factor: float = Field(default=1.25, gt=1.0)
     exempt_idle: bool = True
+    spread_busy_share: float = Field(default=0.5, gt=0.0, le=1.0)
 
 
 def load_threshold(endpoints: Sequence[EndpointState], load_factor: float) -> float:
@@ -58,8 +76,26 @@ class BoundedLoadFilter:
         self, req: SchedRequest, state: CycleState, endpoints: Sequence[EndpointState]
     ) -> list[EndpointState]:
         limit = load_threshold(endpoints, self.params.load_factor)
-        kept = [e for e in endpoints if e.load <= limit or (self.params.exempt_idle and e.idle_slots)]
+        elsewhere = self._given_anywhere(req, state, endpoints)
+        kept = [e for e in endpoints if e.load <= limit or self._exempt(e, state, elsewhere)]
         return kept if kept else list(endpoints)
+
+    def _exempt(self, e: EndpointState, state: CycleState, elsewhere: int) -> bool:
+        if not (self.params.exempt_idle and e.idle_slots):
+            return False
+        n_slots = e.endpoint.n_slots
+        if e.endpoint.attach or not n_slots or len(e.busy_slots) < self.params.spread_busy_share * n_slots:
+            return True
+        return pod_best_blocks(state.read(LOOKUP, NO_LOOKUP), e.endpoint.pod.uid) > elsewhere
+
+    def _given_anywhere(
+        self, req: SchedRequest, state: CycleState, endpoints: Sequence[EndpointState]
+    ) -> int:
+        """The blocks of the prompt a snapshot gives any pod that restores (0 when none does)."""
+        if not any(e.endpoint.restores and e.endpoint.agent_url for e in endpoints):
+            return 0
+        lookup = state.read(LOOKUP, NO_LOOKUP)
+        return max((s.n_blocks for s in lookup.snapshots if extends_strictly(req.prompt, s)), default=0)
 
 
 SPEC = PluginSpec(
