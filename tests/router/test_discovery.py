@@ -7,7 +7,7 @@ import asyncio
 import httpx
 
 from llamafleet_core.index.memory import InMemoryPrefixIndex
-from llamafleet_core.types import PodRef, SlotRef, SnapshotRef
+from llamafleet_core.types import Endpoint, PodRef, SlotRef, SnapshotRef
 from llamafleet_router.discovery.base import PodProps, model_name
 from llamafleet_router.discovery.pod_spec import PodSpec
 from llamafleet_router.discovery.static import StaticDiscovery
@@ -194,42 +194,34 @@ def test_hang_bound_is_a_setting_for_slow_hardware() -> None:
     assert StaticDiscovery([], http, poll_interval=0.5, hang_timeout=30.0)._hang_after == 30.0
 
 
+async def _what_agents_say(body: dict[str, object], *specs: str) -> dict[str, Endpoint]:
+    """The endpoints of `specs` (`url` or `url|agent`) once discovered, where agent-x's `/ready`
+    answers `body` and agent-z's an older agent's (no fields)."""
+    fleet = FakeFleet(*(FakePod(spec.split("|")[0], model="m") for spec in specs))
+    for agent in ("http://agent-x:9000", "http://agent-z:9000"):
+        fleet.agents_ready[agent] = True
+    fleet.agents_body["http://agent-x:9000"] = body
+    async with fleet.client() as http:
+        disc = StaticDiscovery([PodSpec.parse(spec) for spec in specs], http, poll_interval=60)
+        await disc.start()
+        try:
+            return {s.endpoint.url: s.endpoint for s in await disc.endpoints()}
+        finally:
+            await disc.stop()
+
+
 async def test_pod_resumes_only_at_checkpoints_when_its_agent_says_so() -> None:
     """The agent reads the model file (gguf_meta.py) and says how slots resume; a pod whose agent does
     not say (an older agent) or that has none keeps the attention-only default."""
-    hybrid, plain, older = FakePod(URL, model="m"), FakePod("http://pod-y:8080", model="m"), \
-        FakePod("http://pod-z:8080", model="m")
-    fleet = FakeFleet(hybrid, plain, older)
-    for agent in ("http://agent-x:9000", "http://agent-z:9000"):
-        fleet.agents_ready[agent] = True
-    fleet.agents_body["http://agent-x:9000"] = {"ready": True, "resume": "checkpoints"}
-    specs = [PodSpec.parse(f"{URL}|http://agent-x:9000"), PodSpec.parse("http://pod-y:8080"),
-             PodSpec.parse("http://pod-z:8080|http://agent-z:9000")]
-    async with fleet.client() as http:
-        disc = StaticDiscovery(specs, http, poll_interval=60)
-        await disc.start()
-        try:
-            got = {s.endpoint.url: s.endpoint.resume_anywhere for s in await disc.endpoints()}
-        finally:
-            await disc.stop()
-    assert got == {URL: False, "http://pod-y:8080": True, "http://pod-z:8080": True}
+    got = await _what_agents_say({"ready": True, "resume": "checkpoints"}, f"{URL}|http://agent-x:9000",
+                                 "http://pod-y:8080", "http://pod-z:8080|http://agent-z:9000")
+    assert {url: e.resume_anywhere for url, e in got.items()} == {
+        URL: False, "http://pod-y:8080": True, "http://pod-z:8080": True}
 
 
 async def test_pod_gets_no_restores_when_its_agent_found_them_unused() -> None:
     """The agent's restore probe (agent/restore_check.py) found that the server does not resume from a
     restored slot: the endpoint says so; an older agent's body, or none, keeps restores on."""
-    window, older = FakePod(URL, model="m"), FakePod("http://pod-z:8080", model="m")
-    fleet = FakeFleet(window, older)
-    for agent in ("http://agent-x:9000", "http://agent-z:9000"):
-        fleet.agents_ready[agent] = True
-    fleet.agents_body["http://agent-x:9000"] = {"ready": True, "resume": "checkpoints",
-                                                "restores": "unusable"}
-    specs = [PodSpec.parse(f"{URL}|http://agent-x:9000"), PodSpec.parse("http://pod-z:8080|http://agent-z:9000")]
-    async with fleet.client() as http:
-        disc = StaticDiscovery(specs, http, poll_interval=60)
-        await disc.start()
-        try:
-            got = {s.endpoint.url: s.endpoint.restores for s in await disc.endpoints()}
-        finally:
-            await disc.stop()
-    assert got == {URL: False, "http://pod-z:8080": True}
+    got = await _what_agents_say({"ready": True, "resume": "checkpoints", "restores": "unusable"},
+                                 f"{URL}|http://agent-x:9000", "http://pod-z:8080|http://agent-z:9000")
+    assert {url: e.restores for url, e in got.items()} == {URL: False, "http://pod-z:8080": True}
