@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from llamafleet_core.types import Lookup
-from llamafleet_router.scheduling.framework import LOOKUP, CycleState
+from llamafleet_router.scheduling.framework import INDEX_AVAILABLE, LOOKUP, CycleState
 from llamafleet_router.scheduling.plugins.filters.bounded_load import BoundedLoadFilter, BoundedLoadParams
 from llamafleet_router.scheduling.plugins.filters.has_idle_slot import HasIdleSlotFilter
 from llamafleet_router.scheduling.plugins.filters.healthy import HealthyFilter
@@ -85,6 +85,9 @@ def test_bounded_load_spreads_new_sessions_of_a_known_head_once_a_pod_is_half_bu
     assert names(flt.filter(request(n_blocks=10), head, attach)) == ["a", "b", "c"]
     old = BoundedLoadFilter("bl", BoundedLoadParams(spread_busy_share=1.0))
     assert names(old.filter(request(n_blocks=10), head, eps)) == ["a", "b", "c"]
+    down = CycleState()  # the index is down: what a pod holds is unknown, so its affinity is kept
+    down.write(INDEX_AVAILABLE, False)
+    assert names(flt.filter(request(n_blocks=10), down, eps)) == ["a", "b", "c"]
 
 
 def test_bounded_load_drops_loaded_endpoint_when_idle_is_not_exempt() -> None:

@@ -37,6 +37,7 @@ from pydantic import Field
 
 from llamafleet_router.scheduling.action import extends_strictly
 from llamafleet_router.scheduling.framework import (
+    INDEX_AVAILABLE,
     LOOKUP,
     NO_LOOKUP,
     CycleState,
@@ -85,6 +86,8 @@ class BoundedLoadFilter:
             return False
         n_slots = e.endpoint.n_slots
         if e.endpoint.attach or not n_slots or len(e.busy_slots) < self.params.spread_busy_share * n_slots:
+            return True
+        if not state.read(INDEX_AVAILABLE, True):  # nothing known of what the pods hold: keep affinity
             return True
         return pod_best_blocks(state.read(LOOKUP, NO_LOOKUP), e.endpoint.pod.uid) > elsewhere
 
