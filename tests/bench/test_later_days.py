@@ -40,7 +40,7 @@ def test_day_bodies_are_the_real_clients_layout_and_differ_only_at_the_date_and_
     s1, s2 = one["messages"][0]["content"], two["messages"][0]["content"]
     cut = next(i for i, (a, b) in enumerate(zip(s1, s2, strict=False)) if a != b)
     assert s1[:cut].endswith("Conversation started: ") or "Conversation started" in s1[cut - 40:cut]
-    assert one["max_tokens"] == 8 and one["stream"] is True
+    assert one["max_tokens"] == 24 and one["stream"] is True
 
 
 def test_the_first_session_row_takes_the_median_of_the_alternated_rounds() -> None:
@@ -52,3 +52,18 @@ def test_the_first_session_row_takes_the_median_of_the_alternated_rounds() -> No
     assert got["first_session_vs_same_flags"] == round(1.3 / 1.2, 2)
     assert got["first_session_fa_on_vs_same_flags"] == round(0.9 / 1.2, 2)
     assert "| 1.200 s | 1.300 s | 0.9x |" in markdown(raw)  # plain over fleet, as every row
+
+
+def test_greedy_agreement_counts_the_fleets_days_against_plain_with_the_same_flags() -> None:
+    """Every fleet day's output against plain's same day: a missing piece counts as a difference; a run
+    that kept no pieces (older JSON) has no agreement row."""
+    def days(*outputs: list[str]) -> dict[str, Any]:
+        return {f"day{i + 1}": {"ttft_s": 1.0, "pieces": out} for i, out in enumerate(outputs)}
+
+    run = {**RAW["models"]["tiny-hybrid"], "plain_same_flags": days(["a", "b"], ["c", "d"], ["e", "f"]),
+           "fleet_pods_restarted": days(["a", "b"], ["c", "d"], ["e", "f"]),
+           "fleet_whole_restarted": days(["a", "b"], ["c", "x"], ["e"])}
+    got = ratios({"models": {"m": run}})["m"]
+    assert got["agreement"] == round(10 / 12, 4)  # 2 of 12 positions differ: one piece, one missing
+    assert "| greedy output positions equal to plain's" in markdown({"models": {"m": run}})
+    assert "agreement" not in ratios(RAW)["tiny-hybrid"] and "greedy" not in markdown(RAW)

@@ -44,7 +44,7 @@ from llamafleet_testbed.workload import WorkloadSpec
 DAY1 = dt.date(2026, 11, 30)
 QUESTIONS = ("Which tests cover the parser?", "Summarize yesterday's failing build.",
              "Rename the config loader and fix its callers.")
-MAX_TOKENS = 8
+MAX_TOKENS = 24  # enough positions for the greedy agreement (later_days_report.fleet_agreement)
 TIMEOUT = httpx.Timeout(60.0, read=900.0)
 
 
@@ -111,7 +111,7 @@ async def _listed(setup: Fleet, timeout: float = 30.0) -> None:
 def _summary(reply: Reply) -> dict[str, Any]:
     return {"ttft_s": round(reply.ttft_s, 4), "status": reply.status, "cache_n": reply.cache_n,
             "prompt_n": reply.prompt_n, "action": reply.headers.get("x-llamafleet-action", ""),
-            "error": reply.error[:200]}
+            "error": reply.error[:200], "pieces": reply.pieces}
 
 
 async def plain_days(plain: PlainPods, model: str) -> dict[str, Any]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from llamafleet_testbed.bench.stats import agreement, share
+
 
 def ratios(raw: dict[str, Any]) -> dict[str, dict[str, float]]:
     """Plain (same flags) over fleet, per model and row: the figures the README and issue name."""
@@ -25,11 +27,25 @@ def ratios(raw: dict[str, Any]) -> dict[str, dict[str, float]]:
             "day2_whole_restarted": ratio("fleet_whole_restarted", "day2"),
             "day3_whole_restarted": ratio("fleet_whole_restarted", "day3"),
         }
+        agreed = fleet_agreement(r)
+        if agreed is not None:
+            out[model]["agreement"] = round(agreed, 4)
         if "third_session" in r:
             third = r["third_session"]
             out[model]["third_session"] = round(
                 third["plain"][2]["ttft_s"] / max(third["fleet"][2]["ttft_s"], 1e-6), 2)
     return out
+
+
+def fleet_agreement(r: dict[str, Any]) -> float | None:
+    """The share of greedy output positions of the fleet's days (both restart kinds) equal to plain's
+    with the pods' own flags, the same requests (None: an older run kept no output pieces)."""
+    plain = r["plain_same_flags"]
+    pairs = [agreement(r[setup][day]["pieces"], plain[day]["pieces"])
+             for setup in ("fleet_pods_restarted", "fleet_whole_restarted")
+             for day in ("day1", "day2", "day3")
+             if "pieces" in r[setup].get(day, {}) and "pieces" in plain[day]]
+    return share(pairs) if pairs else None
 
 
 def first_medians(r: dict[str, Any]) -> dict[str, float]:
@@ -72,6 +88,9 @@ def markdown(raw: dict[str, Any]) -> str:
     row("the same on plain: flash attention on against the pods' off",
         [f"{f['plain_fa_on']:.3f} s (fa on) | {f['plain_same_flags']:.3f} s (fa off) | "
          f"{f['plain_same_flags'] / max(f['plain_fa_on'], 1e-6):.2f}x" for f in firsts])
+    if all(fleet_agreement(r) is not None for r in runs):
+        row("greedy output positions equal to plain's, the pods' own flags (the six days above)",
+            [f" | {fleet_agreement(r):.1%} | " for r in runs])  # the fleet's column of each model
     if all("third_session" in r for r in runs):
         row("3rd concurrent session, same day (plain: flash attention on)",
             [cells(r["third_session"]["plain"][2]["ttft_s"], r["third_session"]["fleet"][2]["ttft_s"])
