@@ -194,7 +194,8 @@ async def test_a_sliding_window_model_on_upstream_pods_gets_slot_locality_and_no
     restores none, while a session's resend still goes to the slot holding it (slot locality)."""
     gemma = ensure_real_model("gemma3-270m")
     profile = make_profile(WorkloadSpec(prefix_chars=4_000, tools_share=0.0, day=DAY, workspace="/srv/w"))
-    body = profile.request("gemma", "Which file comes first?", max_tokens=4, stream=False)
+    body = {**profile.request("gemma", "Which file comes first?", max_tokens=16, stream=False),
+            "logprobs": True, "top_logprobs": 2}
     body.pop("tools")
     async with httpx.AsyncClient(timeout=300) as http, \
             agent_pod(start_llama_server, gemma, "gemma", tmp_path / "a", http, slots=2, ctx=2 * 4096) as pod:
@@ -212,3 +213,8 @@ async def test_a_sliding_window_model_on_upstream_pods_gets_slot_locality_and_no
             cold = await chat(http, gw.url, body)
             assert cold.status == 200 and not cold.action.startswith("restore/"), cold.action
         assert not list(pod.snapshot_dir.glob("*.bin")), "no snapshot is saved on such a pod"
+        reference = await http.post(pod.server.url + "/v1/chat/completions",
+                                    json={**body, "cache_prompt": False})
+        for answer in (first, again, cold):  # computed, from its slot, computed again: a cold run's answer
+            same, detail = greedy_equal(answer.raw, reference.content)
+            assert same, (answer.action, detail)
