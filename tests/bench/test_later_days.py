@@ -40,7 +40,7 @@ def test_day_bodies_are_the_real_clients_layout_and_differ_only_at_the_date_and_
     s1, s2 = one["messages"][0]["content"], two["messages"][0]["content"]
     cut = next(i for i, (a, b) in enumerate(zip(s1, s2, strict=False)) if a != b)
     assert s1[:cut].endswith("Conversation started: ") or "Conversation started" in s1[cut - 40:cut]
-    assert one["max_tokens"] == 24 and one["stream"] is True
+    assert one["max_tokens"] == 24 and one["stream"] is True and one["temperature"] == 0
 
 
 def test_the_first_session_row_takes_the_median_of_the_alternated_rounds() -> None:
@@ -67,3 +67,12 @@ def test_greedy_agreement_counts_the_fleets_days_against_plain_with_the_same_fla
     assert got["agreement"] == round(10 / 12, 4)  # 2 of 12 positions differ: one piece, one missing
     assert "| greedy output positions equal to plain's" in markdown({"models": {"m": run}})
     assert "agreement" not in ratios(RAW)["tiny-hybrid"] and "greedy" not in markdown(RAW)
+
+
+def test_a_new_head_differs_at_its_start_whether_or_not_the_template_writes_tools() -> None:
+    from llamafleet_testbed.bench.later_days import new_head_body
+
+    one, two = new_head_body("m", "a-0"), new_head_body("m", "a-1")
+    assert one["tools"][0] != two["tools"][0] and one["tools"][1:] == two["tools"][1:]
+    systems = [body["messages"][0]["content"] for body in (one, two)]
+    assert systems[0].startswith("[a-0] ") and systems[1].startswith("[a-1] ")

@@ -51,7 +51,10 @@ TIMEOUT = httpx.Timeout(60.0, read=900.0)
 def day_body(model: str, day: int, workspace: str) -> dict[str, Any]:
     """Hermes's request on day `day` (0-based) in `workspace`, with a short answer."""
     spec = WorkloadSpec(workspace=workspace, day=DAY1 + dt.timedelta(days=day))
-    return hermes_profile(spec, model=model).request(model, QUESTIONS[day % 3], max_tokens=MAX_TOKENS)
+    body = hermes_profile(spec, model=model).request(model, QUESTIONS[day % 3], max_tokens=MAX_TOKENS)
+    # Greedy, so that the fleet's answers can be compared with plain's (`fleet_agreement`): Hermes's
+    # own sampling would make every answer differ; the prompt is its own either way.
+    return {**body, "temperature": 0}
 
 
 class FleetRun:
@@ -195,12 +198,17 @@ FIRST_ROUNDS = 3
 
 
 def new_head_body(model: str, key: str) -> dict[str, Any]:
-    """Hermes's request with a head no setup has seen: its first tool's description starts with `key`
-    (the head's very first block differs, so nothing of it is held, and it is a family of its own)."""
+    """Hermes's request with a head no setup has seen: its first tool's description and its system
+    prompt start with `key` (the head's very first block differs whether the template writes the tools
+    or the system prompt first, or drops the tools as SmolLM2's does, so nothing of it is held, and it
+    is a family of its own)."""
     body = day_body(model, 0, "/home/dev/first")
     first = json.loads(json.dumps(body["tools"][0]))
     first["function"]["description"] = f"[{key}] " + first["function"]["description"]
     body["tools"] = [first, *body["tools"][1:]]
+    system = dict(body["messages"][0])
+    system["content"] = f"[{key}] " + system["content"]
+    body["messages"] = [system, *body["messages"][1:]]
     return body
 
 
