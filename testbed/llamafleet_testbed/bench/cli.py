@@ -125,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="comma-separated: dense, hybrid (tiny) or named models (smollm2)")
     d.add_argument("--out", type=Path, default=Path("bench/results"))
     d.add_argument("--run-dir", type=Path, default=None, help="process logs (default runs/later-days-<time>)")
+    d.add_argument("--patched", action="store_true",
+                   help="the fleets on the project's patched llama-server (plain stays upstream)")
     args = parser.parse_args(args_in)
     if args.command == "later-days":
         from llamafleet_testbed.bench import later_days
@@ -132,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         models = model_names(args.models)
         run_dir = (args.run_dir or Path("runs") / time.strftime("later-days-%Y%m%d-%H%M%S")).resolve()
         say(f"run folder {run_dir}")
-        raw = later_days.main(models, args.out, run_dir, say)
+        raw = later_days.main(models, args.out, run_dir, say, patched=args.patched)
         print(json.dumps(raw["ratios"], indent=2))
         return 0
     if args.from_json is not None:

@@ -143,12 +143,20 @@ async def fleet_days(run: FleetRun, model: str, restart: Callable[[], Awaitable[
     return out
 
 
-async def later_days(models: tuple[str, ...], run_dir: Path, say: Callable[[str], None]) -> dict[str, Any]:
-    raw: dict[str, Any] = {"started": time.strftime("%Y-%m-%d %H:%M"), "models": {}}
+async def later_days(models: tuple[str, ...], run_dir: Path, say: Callable[[str], None], *,
+                     patched: bool = False) -> dict[str, Any]:
+    """`patched`: the fleets run the project's patched build (its flags as `up` renders them for it);
+    the plain servers stay upstream."""
+    raw: dict[str, Any] = {"started": time.strftime("%Y-%m-%d %H:%M"), "models": {}, "patched": patched}
     plan = Plan(models=models)
     for model in models:
         config = parse_documents(fleet_docs(model, plan, []), "later-days", run_dir)
-        resolved = resolve(config, say)
+        resolved = resolve(config, say)  # the plain servers' binary and command line
+        if patched:
+            from llamafleet_testbed.llama_build import build
+
+            binary = str(await asyncio.to_thread(build, patched=True))
+            config = parse_documents(fleet_docs(model, plan, [], binary), "later-days", run_dir)
         result: dict[str, Any] = {}
         for name, fa in (("plain_same_flags", None), ("plain_fa_on", BASELINE_FLASH_ATTENTION)):
             plain = PlainPods(f"{name}-{model}", resolved, run_dir / model / name, 1, sglang=False,
@@ -237,11 +245,13 @@ async def first_sessions(config: FleetConfig, resolved: Resolved, folder: Path, 
     return out
 
 
-def main(models: tuple[str, ...], out: Path, run_dir: Path, say: Callable[[str], None]) -> dict[str, Any]:
-    raw = asyncio.run(later_days(models, run_dir, say))
+def main(models: tuple[str, ...], out: Path, run_dir: Path, say: Callable[[str], None], *,
+         patched: bool = False) -> dict[str, Any]:
+    raw = asyncio.run(later_days(models, run_dir, say, patched=patched))
     raw["ratios"] = ratios(raw)
     out.mkdir(parents=True, exist_ok=True)
     (out / "later_days.json").write_text(json.dumps(raw, indent=2) + "\n")
-    (out / "later_days.md").write_text(f"Later days and first sessions, {raw['started']}, one run each.\n\n"
-                                       + markdown(raw))
+    pods = "the fleets on the patched llama-server, " if patched else ""
+    title = f"Later days and first sessions, {raw['started']}, {pods}one run each."
+    (out / "later_days.md").write_text(f"{title}\n\n" + markdown(raw))
     return raw
