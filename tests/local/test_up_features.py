@@ -97,3 +97,23 @@ def test_gateway_cliff_follows_the_binarys_device_list_and_stays_unset_when_unkn
     assert server_min_batch_tokens(binary("gpu", gpu)) == 0
     assert server_min_batch_tokens(binary("old", "error: unknown argument\n")) is None
     assert server_min_batch_tokens(tmp_path / "missing") is None
+
+
+@pytest.mark.models
+def test_a_sliding_window_model_keeps_per_slot_streams_on_a_patched_binary(tmp_path: Path) -> None:
+    """llama-server attaches no slot of a sliding-window model, so `up` renders no --slot-attach and no
+    unified pool for Gemma 3, and says why; the other patched flags stay."""
+    from llamafleet_testbed.real_models import ensure_real_model
+
+    ensure_real_model("gemma3-270m")
+    binary = fake_binary(tmp_path, PATCHED_HELP)
+    said: list[str] = []
+    text = FLEET.replace("model: tiny-dense", f"model: gemma3-270m\n  llamaServer: {binary}")
+    resolved = resolve(load_fleet(write(tmp_path, text)), said.append)
+    assert resolved.features is not None and not resolved.features.slot_attach
+    assert resolved.features.cache_prefix and resolved.features.slot_checkpoints
+    assert not resolved.spec.kv_unified
+    assert any("slot attach off: " in line and "sliding window" in line for line in said), said
+    argv = server_argv(binary, resolved.spec, PodLayout("g-0", 1, 2, tmp_path, tmp_path), resolved.model,
+                       resolved.features)
+    assert "--slot-attach" not in argv and "-no-kvu" in argv and "--slot-save-checkpoints" in argv

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import subprocess
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from llamafleet_core import podspec
 from llamafleet_core.crd.fleet import LlamaFleetSpec
 from llamafleet_core.devices import min_batch_tokens, parse_devices
 from llamafleet_core.features import ServerFeatures, parse_help, summary
-from llamafleet_core.gguf_meta import GGUFError, read_metadata
+from llamafleet_core.gguf_meta import GGUFError, model_sliding_window, read_metadata
 from llamafleet_local.provision import ensure_named_model, named_chat_template, named_models, server_binary
 from llamafleet_local.up.config import FleetConfig
 
@@ -90,6 +90,12 @@ def resolve(config: FleetConfig, say: Callable[[str], None]) -> Resolved:
     features = server_features(binary) if podspec.detects_features(spec) else None
     if podspec.detects_features(spec):
         say(f"llama-server prefix-sharing flags: {summary(features)}")
+    if features is not None and features.slot_attach and model_sliding_window(model):
+        # llama-server turns --slot-attach off on such a model (a window drops cells another slot may
+        # still read), and a unified pool for slots that never attach only makes every token attend over
+        # every slot's cells (Gemma 3 on patched pods: the 3rd concurrent session 0.68x plain).
+        say(f"slot attach off: {model.name} has a sliding window; its pods keep per-slot KV streams")
+        features = replace(features, slot_attach=False)
     spec = podspec.for_image(spec, attach_supported=features is not None and features.slot_attach)
     min_batch = server_min_batch_tokens(binary, spec.flash_attention)
     if min_batch:
