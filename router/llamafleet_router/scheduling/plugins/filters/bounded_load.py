@@ -30,7 +30,8 @@ serves every slot, and sessions sharing it save the pool.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import functools
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 from pydantic import Field
@@ -77,11 +78,13 @@ class BoundedLoadFilter:
         self, req: SchedRequest, state: CycleState, endpoints: Sequence[EndpointState]
     ) -> list[EndpointState]:
         limit = load_threshold(endpoints, self.params.load_factor)
-        elsewhere = self._given_anywhere(req, state, endpoints)
+        # Only for a pod over the bound, half busy, with an idle slot: it hashes the prompt's text
+        # against every snapshot, which most requests need not pay.
+        elsewhere = functools.cache(lambda: self._given_anywhere(req, state, endpoints))
         kept = [e for e in endpoints if e.load <= limit or self._exempt(e, state, elsewhere)]
         return kept if kept else list(endpoints)
 
-    def _exempt(self, e: EndpointState, state: CycleState, elsewhere: int) -> bool:
+    def _exempt(self, e: EndpointState, state: CycleState, elsewhere: Callable[[], int]) -> bool:
         if not (self.params.exempt_idle and e.idle_slots):
             return False
         n_slots = e.endpoint.n_slots
@@ -89,7 +92,7 @@ class BoundedLoadFilter:
             return True
         if not state.read(INDEX_AVAILABLE, True):  # nothing known of what the pods hold: keep affinity
             return True
-        return pod_best_blocks(state.read(LOOKUP, NO_LOOKUP), e.endpoint.pod.uid) > elsewhere
+        return pod_best_blocks(state.read(LOOKUP, NO_LOOKUP), e.endpoint.pod.uid) > elsewhere()
 
     def _given_anywhere(
         self, req: SchedRequest, state: CycleState, endpoints: Sequence[EndpointState]
