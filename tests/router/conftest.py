@@ -53,12 +53,17 @@ def make_app(
     """Build an app over the fake fleet; keyword arguments override settings or collaborators."""
 
     def build(
-        *, scheduler: Any = None, index_override: Any = None, readiness: Any = None, **overrides: Any
+        *, scheduler: Any = None, index_override: Any = None, readiness: Any = None, fenced: bool = False,
+        **overrides: Any
     ) -> Starlette:
         settings = RouterSettings(
             pods=list(fleet.pods), poll_interval=30.0, index_ping_interval=0.05, **overrides
         )
-        discovery = StaticDiscovery([PodSpec.parse(u) for u in fleet.pods], http, poll_interval=30.0)
+        specs = [PodSpec.parse(u) for u in fleet.pods]
+        # fenced: the app's own purge hook, as in production (a pod going down loses its index entries)
+        discovery: Any = (
+            (lambda client, fence: StaticDiscovery(specs, http, poll_interval=30.0, fence=fence)) if fenced
+            else StaticDiscovery(specs, http, poll_interval=30.0))
         return create_app(
             settings,
             index=index_override or index,

@@ -14,7 +14,7 @@ found none (evicted). Index errors are logged and counted, never raised;
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from typing import Protocol
 
 from llamafleet_core.index.base import IndexUnavailable, PrefixIndex
@@ -111,6 +111,26 @@ class AfterResponse:
         except Exception:
             self._metrics.index_errors.labels("record_dispatched").inc()
             log.exception("recording the slot in the index failed")
+
+    async def withdrawn(self, req: SchedRequest, decision: Decision, recorded: Awaitable[None]) -> None:
+        """The pod could not be reached, so the slot never got this prompt: drop its provisional record
+        once `recorded` (the `dispatched` write) is done. A pod that just died is purged from the index
+        when it is marked down, and a write still on its way then would outlive that purge until the
+        pod came back, naming a dead pod's slot."""
+        await recorded
+        if decision.slot == ANY_SLOT:
+            return
+        ref = SlotRef(decision.endpoint.pod.uid, decision.slot)
+        if self._latest.get(ref) != req.request_id:
+            return  # a later request of this router was dispatched there, and its record stands
+        self._latest.pop(ref, None)
+        try:
+            await self._index.forget_slot(req.model, ref)
+        except IndexUnavailable as exc:
+            self._index_failed("forget_dispatched", exc)
+        except Exception:
+            self._metrics.index_errors.labels("forget_dispatched").inc()
+            log.exception("dropping the slot's provisional record failed")
 
     async def finished(self, req: SchedRequest, decision: Decision, outcome: Outcome) -> None:
         """Record what the slot holds now and learn the pod's speed; run before the slot's lease goes

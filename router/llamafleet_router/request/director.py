@@ -11,6 +11,7 @@ Built whole by the app's lifespan (app.py), once its HTTP client, discovery and 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -125,11 +126,13 @@ class Director:
             claim = self.claims.claim(decision)
             give_up = self.discovery.gone(decision.endpoint.uid)
             finish: Finisher | None = None
+            recorded: asyncio.Task[None] | None = None
             try:
                 if self.snapshots is not None:
                     # A restore or first-sight prefill waits on the pod too: give up if it hangs.
                     claim.update(await unless_gone(give_up, self.snapshots.prepare(req, decision, pods)))
-                self.tasks.spawn(self.after.dispatched(req, claim.decision), name="record-dispatched")
+                recorded = self.tasks.spawn(self.after.dispatched(req, claim.decision),
+                                            name="record-dispatched")
                 finish = Finisher(req, claim, key, self.after, self.metrics, self.tasks, self.snapshots,
                                   permit=permit, clock=clock)
                 return await forward(
@@ -148,6 +151,9 @@ class Director:
                 if finish is not None:
                     finish.disarm()  # nothing was forwarded: give back without counting a response
                 claim.release()
+                if recorded is not None:
+                    self.tasks.spawn(self.after.withdrawn(req, claim.decision, recorded),
+                                     name="withdraw-dispatched")
                 self.discovery.mark_down(decision.endpoint.uid)
                 excluded.add(decision.endpoint.uid)
                 self.metrics.upstream_retries.inc()
