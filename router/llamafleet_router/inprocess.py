@@ -63,11 +63,13 @@ async def serve(
         # Shutdown drains the after-response tasks (bounded by the app's own drain limit, 10 s), so
         # give it longer than that before forcing the exit.
         try:
-            await asyncio.wait_for(asyncio.shield(task), timeout=shutdown_timeout)
+            async with asyncio.timeout(shutdown_timeout):
+                await asyncio.shield(task)
         except TimeoutError:
             server.force_exit = True
             with contextlib.suppress(asyncio.CancelledError, TimeoutError):
-                await asyncio.wait_for(task, timeout=5.0)
+                async with asyncio.timeout(5.0):
+                    await task
         except asyncio.CancelledError:
             pass
         sock.close()

@@ -134,6 +134,33 @@ async def test_a_pod_that_goes_down_has_its_index_entries_purged_at_once() -> No
             await disc.stop()
 
 
+async def test_stop_ends_a_watcher_cancelled_just_as_its_pod_answered() -> None:
+    """`stop()` cancels the pod's watcher in the very step its `/slots` call returned. On Python 3.11
+    `asyncio.wait_for` swallowed such a cancel: the watcher polled on, `stop()` waited for it forever,
+    and (in CI) it purged the pod's entries after the app had ended."""
+    fleet = FakeFleet(FakePod(URL, model="m", n_slots=2))
+    answered = asyncio.Event()
+    async with fleet.client() as http:
+        disc = StaticDiscovery([PodSpec.parse(URL)], http, poll_interval=0.001)
+        client = disc._pods[0].client  # the watcher's own client: its answer is the moment to cancel at
+        slots, calls = client.slots, 0
+
+        async def answering_slots():  # type: ignore[no-untyped-def]
+            nonlocal calls
+            answer = await slots()
+            calls += 1
+            if calls == 2:  # a later poll, not the one `start()` waits for
+                answered.set()  # and return in the same step: the cancel comes before the watcher resumes
+            return answer
+
+        client.slots = answering_slots  # type: ignore[method-assign]
+        await disc.start()
+        await answered.wait()
+        async with asyncio.timeout(5.0):
+            await disc.stop()
+    assert calls == 2  # nothing polled after the stop
+
+
 async def test_pod_never_reached_has_no_props_and_is_not_ready() -> None:
     pod = FakePod(URL, healthy=False)
     async with FakeFleet(pod).client() as http:

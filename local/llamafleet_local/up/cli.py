@@ -36,6 +36,7 @@ from llamafleet_local.up.options import EMBEDDED, UpOptions
 from llamafleet_local.up.procs import ChildFailed
 from llamafleet_local.up.progress import Reporter
 from llamafleet_local.up.runtime import LocalFleet
+from llamafleet_local.up.shutdown import bounded
 from llamafleet_local.up.state import StateLocked
 from llamafleet_local.up.supervise import FleetFailed
 
@@ -137,7 +138,7 @@ def run_bounded(main: Coroutine[Any, Any, int], leftover_s: float = LEFTOVER_S) 
             if task.done() and not task.cancelled():
                 task.exception()
         with contextlib.suppress(Exception):
-            loop.run_until_complete(asyncio.wait_for(loop.shutdown_asyncgens(), leftover_s))
+            loop.run_until_complete(bounded(loop.shutdown_asyncgens(), leftover_s))
         asyncio.set_event_loop(None)
         loop.close()
 

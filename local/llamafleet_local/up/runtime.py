@@ -241,7 +241,8 @@ class LocalFleet:
     async def wait_ready(self, timeout: float = 600.0) -> None:
         """Until every pod is up and warm AND the gateway routes to every pod (its discovery polls, so
         it sees a pod a moment after the pod's agent became ready)."""
-        await asyncio.wait_for(self._ready.wait(), timeout)
+        async with asyncio.timeout(timeout):
+            await self._ready.wait()
         gateway = self.app.state.gateway if self.app is not None else None
         if gateway is None or gateway.discovery is None:
             return

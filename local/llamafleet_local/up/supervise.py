@@ -80,7 +80,8 @@ async def supervise(fleet: LocalFleet, stop: asyncio.Event) -> None:
         for pod in fleet.pods:
             await _tend(fleet, pod, care.setdefault(pod.name, _Care()))
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), POLL_S)
+            async with asyncio.timeout(POLL_S):
+                await stop.wait()
 
 
 async def _tend(fleet: LocalFleet, pod: LocalPod, care: _Care) -> None:

@@ -92,12 +92,11 @@ class StaticDiscovery:
 
     async def stop(self) -> None:
         self._started = False
-        for task in self._tasks.values():
+        tasks, self._tasks = list(self._tasks.values()), {}
+        for task in tasks:
             task.cancel()
-        for task in self._tasks.values():
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        self._tasks = {}
+        for task in tasks:
+            await cancel_and_wait(task)  # a cancel of stop() itself must not be swallowed here
         for pod in self._pods:
             await self._purged(pod)  # a purge under way finishes: the index must not keep a dead pod
 
@@ -211,7 +210,10 @@ class StaticDiscovery:
                 return
             await self._bring_up(pod, props)
         try:
-            slots = await asyncio.wait_for(pod.client.slots(), timeout=self._hang_after)
+            # Not asyncio.wait_for: on Python 3.11 it swallows a cancel that arrives as the pod answers,
+            # and this watcher then outlived `stop()`, polling (and purging) after the app had ended.
+            async with asyncio.timeout(self._hang_after):
+                slots = await pod.client.slots()
         except TimeoutError:
             self._down(pod, "no answer to /slots in time: the pod hangs")
             return

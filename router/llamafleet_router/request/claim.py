@@ -122,4 +122,5 @@ class Claims:
         except Exception:
             log.exception("work before a lease's release failed", extra={"slot": decision.slot_ref.key()})
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(self._release_lease(decision), LEASE_RELEASE_S)
+            async with asyncio.timeout(LEASE_RELEASE_S):
+                await self._release_lease(decision)

@@ -142,8 +142,8 @@ class DetachedBuilds:
         touched = False
         try:
             with contextlib.suppress(TimeoutError):
-                limit = min(self.config.first_sight_wait_s, _DETACHED_START_S)
-                await asyncio.wait_for(answering.wait(), limit)
+                async with asyncio.timeout(min(self.config.first_sight_wait_s, _DETACHED_START_S)):
+                    await answering.wait()
             started = time.perf_counter()
             touched = True
             outcome = await self._restorer.restore(req.model, req.prompt.blocks, slot.endpoint, slot.slot,

@@ -170,7 +170,8 @@ class Primer:
     ) -> None:
         if after is not None:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(after.wait(), _PRIME_START_S)
+                async with asyncio.timeout(_PRIME_START_S):
+                    await after.wait()
         done: frozenset[int] = frozenset()
         for _ in range(count):
             borrowed = await lender.lend(req, pod_uid=uid, min_idle=PRIME_MIN_IDLE, avoid=done)

@@ -179,7 +179,8 @@ class BuildWaits:
         """Wait (at most `limit` seconds) for the snapshot of `flight` and restore it into the slot: None
         when nothing was built in time, (ref, None) when the restore failed."""
         try:
-            ref = await asyncio.wait_for(asyncio.shield(flight), max(limit, 0.0))
+            async with asyncio.timeout(max(limit, 0.0)):
+                ref = await asyncio.shield(flight)  # the build goes on for others when this wait ends
         except TimeoutError:
             return None
         if ref is None:

@@ -44,7 +44,8 @@ async def three_sessions(http: httpx.AsyncClient, url: str, profile: AgentProfil
     bodies = three_bodies(profile, model, key)
     generating = asyncio.Event()
     first = asyncio.create_task(stream_chat(http, url, bodies[0], first_content=generating))
-    await asyncio.wait_for(generating.wait(), 900)
+    async with asyncio.timeout(900):
+        await generating.wait()
     second = asyncio.create_task(stream_chat(http, url, bodies[1]))
     await asyncio.sleep(STAGGER_S)
     third = await stream_chat(http, url, bodies[2])

@@ -199,7 +199,8 @@ async def running_fleet(binary: Path | None, run_dir: Path, *, snapshots: bool =
         finally:
             stop.set()
             with contextlib.suppress(FleetFailed, asyncio.CancelledError):
-                await asyncio.wait_for(keeper, 120)
+                async with asyncio.timeout(120):
+                    await keeper
 
 
 def kill(pid: int | None, sig: signal.Signals = signal.SIGKILL) -> None:

@@ -74,8 +74,8 @@ async def send(http: httpx.AsyncClient, urls: Sequence[str], body: dict[str, Any
         url = urls[(first + attempt) % len(urls)]
         sent.status, sent.error, sent.first_byte, sent.terminal = None, "", None, False
         try:
-            await asyncio.wait_for(_once(http, url, body, sent, headers or {}),
-                                   max(0.1, deadline - time.monotonic()))
+            async with asyncio.timeout(max(0.1, deadline - time.monotonic())):
+                await _once(http, url, body, sent, headers or {})
         except TimeoutError:
             sent.error = f"no complete answer within {timeout:.0f}s"
             break  # a hang: retrying would only hide it
@@ -145,4 +145,5 @@ class Load:
         while self.done < n and time.monotonic() < deadline:
             self._finished.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._finished.wait(), max(0.0, deadline - time.monotonic()))
+                async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                    await self._finished.wait()
