@@ -47,10 +47,11 @@ def no_margin(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 async def lead(flow: SnapshotFlow, mock: MockPods, target: Endpoint, pods: list[PodStatus],
-               ) -> asyncio.Task[Decision]:
+               req: SchedRequest | None = None) -> asyncio.Task[Decision]:
     """Start the leader's build; it holds in `/tokenize` until `mock.release` is set."""
     mock.release.clear()
-    leader = asyncio.create_task(flow.prepare(SchedRequest("r1", "m", identity()), cold(target, 1), pods))
+    req = req or SchedRequest("r1", "m", identity())
+    leader = asyncio.create_task(flow.prepare(req, cold(target, 1), pods))
     await asyncio.wait_for(mock.tokenizing.wait(), 5)
     return leader
 
@@ -130,3 +131,90 @@ async def test_a_waiter_on_the_leaders_pod_waits_for_the_build_past_its_own_limi
     await leader
     decision = await asyncio.wait_for(waiter, 5)
     assert (decision.endpoint, decision.slot, decision.branch) == (leader_pod, 2, "cold")
+
+
+class IdlePods:
+    """The gateway's lender as far as waiters use it: which other pods have an idle slot now."""
+
+    def __init__(self, *idle: Endpoint) -> None:
+        self.idle = list(idle)
+        self.asked: list[str] = []
+
+    async def lend(self, req: SchedRequest, **kwargs: object) -> None:
+        return None  # no slot lent to background work here
+
+    async def idle_pods(self, req: SchedRequest, pod_uid: str) -> list[Endpoint]:
+        self.asked.append(pod_uid)
+        return [e for e in self.idle if e.uid != pod_uid]
+
+
+# A head with a stage point 43% in (a day's date line): a build that has not saved it after t seconds
+# needs at least 1.3 t more, and at the waiter's floor that is longer than a fast idle pod's whole head.
+EARLY_STAGE_SYSTEM = ("<|im_start|>system\n" + "Tools and rules. " * 130
+                      + "\n\nConversation started: Monday. " + "More rules here. " * 170 + "<|im_end|>\n")
+EARLY_STAGE_TEXT = EARLY_STAGE_SYSTEM + "<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n"
+
+
+def early_stage(request_id: str) -> SchedRequest:
+    return SchedRequest(request_id, "m", identity(EARLY_STAGE_TEXT, len(EARLY_STAGE_SYSTEM)))
+
+
+def flow_lending(mock: MockPods, speeds: SpeedBook, lender: IdlePods) -> SnapshotFlow:
+    config = SnapshotConfig(token="t", first_sight_wait_s=600.0, first_sight_wait_min_s=FLOOR_S)
+    return SnapshotFlow(http=httpx.AsyncClient(transport=httpx.MockTransport(mock)),
+                        index=InMemoryPrefixIndex(), config=config,
+                        metrics=SnapshotMetrics(CollectorRegistry()), tasks=TaskSet(), speeds=speeds,
+                        lender=lender)  # type: ignore[arg-type]
+
+
+def test_what_a_build_still_needs_is_read_from_its_progress() -> None:
+    build = waits_module.Build("p0", started=100.0, expected_s=1.0, from_chars=1000, to_chars=11_000)
+    # 2,000 characters saved in 4 s: the other 8,000 at that rate, less what passed since the save
+    assert waits_module.remaining_s(build, (3000, 104.0), None, now=105.0) == pytest.approx(15.0)
+    assert waits_module.remaining_s(build, (3000, 104.0), None, now=200.0) == 0.0
+    # nothing saved after 10 s though a stage lies 1,000 characters in: slower than 100 a second, so
+    # the 9,000 past that stage take more than 90 s
+    assert waits_module.remaining_s(build, None, 2000, now=110.0) == pytest.approx(90.0)
+    assert waits_module.remaining_s(build, None, None, now=110.0) is None  # no stage to tell by
+    assert waits_module.remaining_s(build, None, 11_000, now=110.0) is None  # (the head's end itself)
+
+
+async def test_a_waiter_on_the_leaders_pod_moves_to_an_idle_pod_that_computes_the_head_sooner() -> None:
+    """Its limit passed while the build on its own pod has not saved the stage 43% in: a pod with an
+    idle slot that computes the whole head in less than the build can still need gets the request
+    (`first_sight_moved`: the director schedules it again without the building pod)."""
+    mock, speeds = MockPods(), SpeedBook(ActionCosts())
+    leader_pod, idle = pod("p0"), pod("p1")
+    learned(speeds, leader_pod, 100_000.0)  # a fast pod: the waiter's own limit is the floor
+    learned(speeds, idle, 100_000.0)
+    assert flow_with(mock, speeds, 600.0).expected_build_s(len(EARLY_STAGE_SYSTEM), idle.uid) < FLOOR_S
+    lender = IdlePods(idle)
+    flow = flow_lending(mock, speeds, lender)
+    pods = [status(leader_pod, 0), status(idle, 0)]
+    leader = await lead(flow, mock, leader_pod, pods, early_stage("r1"))
+    decision = await asyncio.wait_for(flow.prepare(early_stage("r2"), cold(leader_pod, 2), pods), 5)
+    assert (decision.endpoint, decision.slot, decision.branch) == (leader_pod, 2, "first_sight_moved")
+    assert lender.asked == [leader_pod.uid] and flow.metrics.first_sight.labels("moved")._value.get() == 1
+    mock.release.set()
+    await leader
+
+
+@pytest.mark.parametrize("case", ["idle pod slower", "no idle pod", "moved once already"])
+async def test_a_waiter_stays_with_the_build_unless_an_idle_pod_is_sooner(case: str) -> None:
+    """An idle pod that would take longer than the build can still need, none at all, or a request that
+    moved once already: the waiter waits on for the build, and is woken by it."""
+    mock, speeds = MockPods(), SpeedBook(ActionCosts())
+    leader_pod, idle = pod("p0"), pod("p1")
+    learned(speeds, leader_pod, 100_000.0)
+    learned(speeds, idle, 1.0 if case == "idle pod slower" else 100_000.0)  # (learned: 40 tokens/s)
+    flow = flow_lending(mock, speeds, IdlePods() if case == "no idle pod" else IdlePods(idle))
+    pods = [status(leader_pod, 0), status(idle, 0)]
+    leader = await lead(flow, mock, leader_pod, pods, early_stage("r1"))
+    waiter = asyncio.create_task(flow.prepare(early_stage("r2"), cold(leader_pod, 2), pods,
+                                              may_move=case != "moved once already"))
+    assert await still_waiting(waiter, 20 * FLOOR_S)
+    mock.release.set()
+    await leader
+    decision = await asyncio.wait_for(waiter, 5)
+    assert (decision.endpoint, decision.branch) == (leader_pod, "cold")
+    assert flow.metrics.first_sight.labels("moved")._value.get() == 0

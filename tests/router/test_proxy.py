@@ -4,6 +4,7 @@ fake llama-server fleet."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 
 import httpx
@@ -14,6 +15,7 @@ from llamafleet_core.types import SlotRef
 from llamafleet_router.api.parse import Route, parse_request
 from llamafleet_router.fleet.state import props_for
 from llamafleet_router.inprocess import app_client, serve
+from llamafleet_router.scheduling.framework import Branch, Decision
 from tests.router.conftest import POD_A, POD_B, AppFactory, chat_body
 from tests.router.fakes import FakeFleet, FirstEndpointScheduler, sse_chunks
 
@@ -142,6 +144,63 @@ async def test_a_refused_requests_provisional_slot_record_does_not_outlive_the_p
         found = await index.lookup("tiny", gateway.prompts.identity(parsed, "tiny", source.props).blocks)
     assert resp.status_code == 200 and index.purged.is_set()
     assert {ref.pod_uid for ref in found.slots} == {POD_B}  # the pod that answered, not the dead one
+
+
+class _WaiterMoves:
+    """A snapshot flow whose first-sight waiter finds an idle pod faster than the build it waited for
+    (waits.py), once per request as the director allows; the rest of the flow does nothing."""
+
+    def __init__(self) -> None:
+        self.prepared: list[tuple[str, bool]] = []
+        self.resync = self
+
+    async def ensure(self, pods: object) -> None:
+        return None
+
+    async def prepare(self, req: object, decision: Decision, pods: object, *, may_move: bool = True,
+                      ) -> Decision:
+        self.prepared.append((decision.endpoint.url, may_move))
+        return dataclasses.replace(decision, branch=Branch.FIRST_SIGHT_MOVED) if may_move else decision
+
+    def request_answering(self, request_id: str) -> None:
+        return None
+
+
+async def test_a_first_sight_waiter_that_moves_is_scheduled_again_without_the_building_pod(
+    make_app: AppFactory, fleet: FakeFleet
+) -> None:
+    """The flow says a pod with an idle slot computes the head sooner than the build this request waited
+    for on its pod: the slot is given back, the request is scheduled again without that pod and answered
+    by the other one; it moves once, and no retry is counted (no pod failed)."""
+    scheduler = FirstEndpointScheduler()
+    app = make_app(scheduler=scheduler)
+    flow = _WaiterMoves()
+    async with app_client(app) as client:
+        object.__setattr__(app.state.gateway.director, "snapshots", flow)
+        resp = await client.post("/v1/chat/completions", json=chat_body())
+        await _settle(app)
+        metrics = (await client.get("/metrics")).text
+    assert resp.status_code == 200 and len(fleet.pods[POD_B].requests) == 1
+    assert flow.prepared == [(POD_A, True), (POD_B, False)]
+    assert [d.endpoint.url for d in scheduler.released] == [POD_A, POD_B]
+    assert "llamafleet_router_upstream_retries_total 0.0" in metrics
+    assert app.state.gateway.in_flight.total() == 0 and not fleet.pods[POD_A].requests
+
+
+async def test_a_waiter_whose_idle_pod_is_gone_goes_back_to_the_building_pod(
+    make_app: AppFactory, fleet: FakeFleet
+) -> None:
+    """Only the building pod serves the model by the time it is scheduled again: rather than a 503, the
+    request goes back there (and may not move a second time)."""
+    fleet.pods.pop(POD_B)
+    app = make_app(scheduler=FirstEndpointScheduler())
+    flow = _WaiterMoves()
+    async with app_client(app) as client:
+        object.__setattr__(app.state.gateway.director, "snapshots", flow)
+        resp = await client.post("/v1/chat/completions", json=chat_body())
+        await _settle(app)
+    assert resp.status_code == 200 and flow.prepared == [(POD_A, True), (POD_A, False)]
+    assert app.state.gateway.in_flight.total() == 0
 
 
 async def test_503_when_every_pod_refuses_the_connection(make_app: AppFactory, fleet: FakeFleet) -> None:

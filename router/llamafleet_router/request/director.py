@@ -117,11 +117,19 @@ class Director:
     ) -> Response:
         """Answer `req`. The finisher of the answered attempt releases `permit` when its response ends."""
         excluded: set[str] = set()
-        for attempt in range(self.retries + 1):
+        moved_from: str | None = None  # the pod a first-sight waiter left (at most once)
+        attempt = 0
+        while attempt <= self.retries:
             pods = await self.pods(req.model)
             if self.snapshots is not None:
                 await self.snapshots.resync.ensure(pods)  # a pod seen at a new epoch: re-record its snapshots
-            states = endpoint_states(req.model, pods, self.in_flight, frozenset(excluded))
+            try:
+                states = endpoint_states(req.model, pods, self.in_flight, frozenset(excluded))
+            except ApiError:
+                if moved_from not in excluded:
+                    raise
+                excluded.discard(moved_from)  # the idle pod it moved for is gone: back to the build's
+                continue
             decision = await self._pick(req, states)
             claim = self.claims.claim(decision)
             give_up = self.discovery.gone(decision.endpoint.uid)
@@ -130,7 +138,17 @@ class Director:
             try:
                 if self.snapshots is not None:
                     # A restore or first-sight prefill waits on the pod too: give up if it hangs.
-                    claim.update(await unless_gone(give_up, self.snapshots.prepare(req, decision, pods)))
+                    prepared = self.snapshots.prepare(req, decision, pods, may_move=moved_from is None)
+                    claim.update(await unless_gone(give_up, prepared))
+                    if claim.decision.branch == Branch.FIRST_SIGHT_MOVED:
+                        # A pod with an idle slot computes the head before the build this request
+                        # waited for on its own pod ends: schedule it again, without that pod.
+                        claim.release()
+                        moved_from = decision.endpoint.uid
+                        excluded.add(moved_from)
+                        log.info("first-sight waiter moves off the building pod",
+                                 extra={"pod": decision.endpoint.url})
+                        continue
                 recorded = self.tasks.spawn(self.after.dispatched(req, claim.decision),
                                             name="record-dispatched")
                 finish = Finisher(req, claim, key, self.after, self.metrics, self.tasks, self.snapshots,
@@ -159,6 +177,7 @@ class Director:
                 self.metrics.upstream_retries.inc()
                 log.warning("pod unreachable, scheduling again",
                             extra={"pod": decision.endpoint.url, "attempt": attempt, "error": str(exc)})
+                attempt += 1
             except ApiError as err:
                 err.counted = True  # forward() reported it through on_finish already
                 raise

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 
 from llamafleet_core.index.base import IndexUnavailable
+from llamafleet_core.types import Endpoint
 from llamafleet_router.discovery.base import Discovery
 from llamafleet_router.errors import ApiError
 from llamafleet_router.fleet.ownership import ModelOwners
@@ -57,3 +58,14 @@ class SlotLender:
             self._claims.unclaimed(decision)
             return None
         return self._claims.claim(decision)
+
+    async def idle_pods(self, req: SchedRequest, pod_uid: str) -> list[Endpoint]:
+        """The ready pods of `req`'s model with an idle slot now (this replica's view: its requests in
+        flight and the pods' own busy slots), but `pod_uid`. Nothing is claimed."""
+        try:
+            pods = self._owners.pick(req.model, await self._discovery.endpoints())
+            states = endpoint_states(req.model, pods, self._in_flight, frozenset({pod_uid}))
+        except ApiError:  # no other pod, or a model two fleets claim
+            return []
+        return [s.endpoint for s in states if s.healthy and s.idle_slots]
+

@@ -89,6 +89,9 @@ class Branch(StrEnum):
     # for the building slot and shares its cells
     FIRST_SIGHT_ATTACH = "first_sight_attach"
     HEAD_EXCEEDS_CONTEXT = "head_exceeds_context"  # the head does not fit the pod's slot context
+    # waited for a build on its own pod that an idle pod would beat: scheduled again without that pod
+    # (never forwarded with this branch; counted in `first_sight{role="moved"}`)
+    FIRST_SIGHT_MOVED = "first_sight_moved"
 
 
 

@@ -91,7 +91,8 @@ class SnapshotMetrics:
         self.first_sight = Counter(
             p + "first_sight_total", "Requests whose session prefix the fleet had not seen, by role: "
             "leader (prefilled and saved it), waiter (waited for the leader's snapshot), stage_waiter (for a "
-            "stage another head's build shares) or attach (forwarded to the --slot-attach pod building it).",
+            "stage another head's build shares), attach (forwarded to the --slot-attach pod building it) "
+            "or moved (a waiter that left the building pod for an idle one expected to compute it sooner).",
             ["role"],
             registry=registry,
         )

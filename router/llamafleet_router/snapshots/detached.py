@@ -24,11 +24,11 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
 from llamafleet_core.index.base import PrefixIndex
-from llamafleet_core.types import SnapshotRef
+from llamafleet_core.types import Endpoint, SnapshotRef
 from llamafleet_router.background import TaskSet
 from llamafleet_router.scheduling.framework import Decision, SchedRequest
 from llamafleet_router.scheduling.lookup_view import snapshot_tags
@@ -66,6 +66,10 @@ class SlotLender(Protocol):
         self, req: SchedRequest, *, pod_uid: str | None = None, min_idle: int = 1,
         avoid: frozenset[int] = frozenset(),
     ) -> LentSlot | None: ...
+
+    async def idle_pods(self, req: SchedRequest, pod_uid: str) -> Sequence[Endpoint]:
+        """The ready pods of `req`'s model with an idle slot now, but `pod_uid` (nothing is claimed)."""
+        ...
 
 
 class DetachedBuilds:

@@ -79,12 +79,15 @@ class SnapshotFlow:
             RestoreStep(self.restorer, self.primer, self.heads),
             FirstSightStep(builds=self.builds, leader=leader, detached=self._detached,
                            heads=self.heads, config=config, metrics=metrics,
-                           waits=BuildWaits(self.builds, self.restorer, metrics, config)),
+                           waits=BuildWaits(self.builds, self.restorer, metrics, config,
+                                            idle_pods=lender.idle_pods if lender is not None else None)),
             PrimeStep(self.primer, lender, self._detached, config),
         )
 
-    async def prepare(self, req: SchedRequest, decision: Decision, pods: Sequence[PodStatus]) -> Decision:
-        """The decision to forward `req` with, once its slot is ready."""
+    async def prepare(self, req: SchedRequest, decision: Decision, pods: Sequence[PodStatus], *,
+                      may_move: bool = True) -> Decision:
+        """The decision to forward `req` with, once its slot is ready; `Branch.FIRST_SIGHT_MOVED` (only
+        when `may_move`): not here, schedule it again without this pod (waits.py)."""
         if decision.slot == ANY_SLOT:
             return decision
         primed = self.primer.slots.take(decision.slot_ref)  # the request changes what the slot holds
@@ -93,7 +96,7 @@ class SnapshotFlow:
         if decision.branch == Branch.QUEUED or target.agent_url is None or not target.restores:
             return decision
         prep = Preparation(req, decision, pods, peer_agents(pods, target, self.config.tokens),
-                           slot_context(pods, target), primed)
+                           slot_context(pods, target), primed, may_move=may_move)
         try:
             for step in self.steps:
                 if prep.settled:

@@ -54,7 +54,7 @@ class Leader:
         started = time.perf_counter()
         restored, failed, target = prep.restored, prep.failed, prep.target
         from_chars = restored.snapshot.n_chars if restored is not None else 0
-        self._builds.begin(key, target.uid, prompt.head_chars - from_chars)
+        self._builds.begin(key, target.uid, from_chars, prompt.head_chars)
         known = frozenset((s.text_hash, s.n_chars) for s in lookup.snapshots if s != failed)
         base = restored.snapshot if restored is not None else held_stage(
             prompt.text, prompt.head_chars, (prep.decision.predicted_blocks + 1) * self._config.block_chars,
@@ -71,7 +71,7 @@ class Leader:
         stages = self._builds.stage_flights.open(prompt, from_chars)
         build = asyncio.ensure_future(self._staged.build(
             prompt, target, prep.decision.slot, start_tokens=restored.n_tokens if restored else 0,
-            extra_cuts=extra, known=known, on_saved=self._builds.stage_flights.saved(stages),
+            extra_cuts=extra, known=known, on_saved=self._builds.on_saved(key, stages),
             slot_context=prep.slot_context,
         ))
         self._builds.computing(key)  # its stage flights are open: waiters can follow the prefill

@@ -34,6 +34,7 @@ class Preparation:
     restored: Restored | None = None  # what the restore step, or a wait, put into the slot
     failed: SnapshotRef | None = None  # the snapshot whose restore failed (never chosen again here)
     built: SnapshotRef | None = None  # the head a first-sight build saved in this request's slot
+    may_move: bool = True  # a waiter may ask to be scheduled on another pod (not twice per request)
     settled: bool = field(default=False)
 
     @property

@@ -8,19 +8,23 @@ waits for that stage and builds only the rest (`restore_stage_wait`).
 How long: as long as the build is expected to take (`wait_limit`: its pod's learned prefill rate,
 `WAIT_FACTOR` times, plus `WAIT_MARGIN_S`; within `first_sight_wait_min_s` and `first_sight_wait_s`,
 counted from the build's start). When that passes while the build still runs on the waiter's own pod,
-the waiter waits on up to the ceiling: a second prefill beside the first would slow both.
+a second prefill beside the first would slow both; so the waiter moves to another pod when one has an
+idle slot and is expected to compute the head before the build ends (`Branch.FIRST_SIGHT_MOVED`: the
+director schedules it again without the build's pod), and otherwise waits on, up to the ceiling. How
+long the build still needs is read from its progress (`HeadBuilds.remaining_s`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from llamafleet_core.types import Action, SnapshotRef
+from llamafleet_core.types import Action, Endpoint, SnapshotRef
 from llamafleet_router.scheduling.costs import ActionCosts
-from llamafleet_router.scheduling.framework import Branch
+from llamafleet_router.scheduling.framework import Branch, SchedRequest
 from llamafleet_router.scheduling.speeds import SpeedBook
 from llamafleet_router.snapshots.base import SnapshotConfig, SnapshotMetrics
 from llamafleet_router.snapshots.flights import FlightKey, Flights, Prompt, StageFlights, StageKeys
@@ -39,16 +43,39 @@ UNKNOWN_POD_PREFILL_TOKENS_PER_S = 200.0
 
 Flight = asyncio.Future[SnapshotRef | None]
 
+# The model's ready pods with an idle slot now, but the one named (`SlotLender.idle_pods`).
+IdlePods = Callable[[SchedRequest, str], Awaitable[Sequence[Endpoint]]]
+
 
 @dataclass(frozen=True, slots=True)
 class Build:
-    """A build in flight: where it runs, since when, and how long it is expected to take. `computing`
+    """A build in flight: where it runs, since when, what it computes (the head's characters from
+    `from_chars`, what the slot held, to `to_chars`) and how long that is expected to take. `computing`
     is set once its prefill is under way (its stage flights open, or its detached build started)."""
 
     pod_uid: str
     started: float  # time.monotonic()
     expected_s: float
+    from_chars: int = 0
+    to_chars: int = 0
     computing: asyncio.Event = field(default_factory=asyncio.Event, compare=False)
+
+
+def remaining_s(build: Build, saved: tuple[int, float] | None, next_stage: int | None, now: float,
+                ) -> float | None:
+    """Seconds `build` still needs, from its progress (pure): `saved` is its latest saved stage (chars,
+    when), `next_stage` the first stage it has not saved. After a save, the rest at the rate it ran
+    so far; before any, at least what is left past `next_stage` at a rate below the one that would
+    have saved it by `now`. None: nothing to tell (no stage to go by)."""
+    if saved is not None:
+        chars, at = saved
+        if chars > build.from_chars and at > build.started:
+            rate = (chars - build.from_chars) / (at - build.started)
+            return max(0.0, (build.to_chars - chars) / rate - (now - at))
+    if next_stage is None or not build.from_chars < next_stage < build.to_chars or now <= build.started:
+        return None
+    fastest = (next_stage - build.from_chars) / (now - build.started)
+    return (build.to_chars - next_stage) / fastest
 
 
 class HeadBuilds:
@@ -61,14 +88,35 @@ class HeadBuilds:
         self._config = config
         self._speeds = speeds
         self._running: dict[FlightKey, Build] = {}
+        self._saved: dict[FlightKey, tuple[int, float]] = {}  # each build's latest stage: (chars, when)
 
-    def begin(self, key: FlightKey, pod_uid: str, chars: int) -> None:
-        """A build of `chars` characters of the head `key` starts on `pod_uid` (before any await: its
-        waiters read where and for how long to wait)."""
-        self._running[key] = Build(pod_uid, time.monotonic(), self.expected_s(chars, pod_uid))
+    def begin(self, key: FlightKey, pod_uid: str, from_chars: int, to_chars: int) -> None:
+        """A build of the head `key`, from `from_chars` (what the slot holds) to `to_chars`, starts on
+        `pod_uid` (before any await: its waiters read where and for how long to wait)."""
+        expected = self.expected_s(to_chars - from_chars, pod_uid)
+        self._running[key] = Build(pod_uid, time.monotonic(), expected, from_chars, to_chars)
 
     def get(self, key: FlightKey) -> Build | None:
         return self._running.get(key)
+
+    def on_saved(self, key: FlightKey, stages: StageKeys) -> Callable[[int, SnapshotRef], None]:
+        """The build's `on_saved`: ends the stage's flight and records how far the build got."""
+        end_flight = self.stage_flights.saved(stages)
+
+        def saved(chars: int, ref: SnapshotRef) -> None:
+            self._saved[key] = (chars, time.monotonic())
+            end_flight(chars, ref)
+        return saved
+
+    def remaining_s(self, key: FlightKey, prompt: Prompt) -> float | None:
+        """Seconds the build of `key` still needs, from its progress (`remaining_s`); None: unknown."""
+        build = self._running.get(key)
+        if build is None:
+            return None
+        saved = self._saved.get(key)
+        done = saved[0] if saved is not None else build.from_chars
+        ahead = [c for c in self.stage_flights.keys(prompt, done) if c < build.to_chars]
+        return remaining_s(build, saved, min(ahead, default=None), time.monotonic())
 
     def computing(self, key: FlightKey) -> None:
         """The build of `key` has started its prefill (`Build.computing`)."""
@@ -78,6 +126,7 @@ class HeadBuilds:
 
     def finish(self, key: FlightKey, stages: StageKeys, ref: SnapshotRef | None) -> None:
         self._running.pop(key, None)
+        self._saved.pop(key, None)
         self.stage_flights.finish(stages)
         self.flights.finish(key, ref)
 
@@ -99,11 +148,14 @@ class HeadBuilds:
 
 class BuildWaits:
     def __init__(self, builds: HeadBuilds, restorer: RestoreExecutor, metrics: SnapshotMetrics,
-                 config: SnapshotConfig) -> None:
+                 config: SnapshotConfig, idle_pods: IdlePods | None = None) -> None:
+        """`idle_pods`: the pods with an idle slot now, but one (the gateway's lender); without it no
+        waiter moves."""
         self._builds = builds
         self._restorer = restorer
         self._metrics = metrics
         self._config = config
+        self._idle_pods = idle_pods
 
     async def for_head(self, prep: Preparation, flight: Flight, prompt: Prompt, key: FlightKey) -> bool:
         """Wait for the build of the head `key` and restore it into the slot; False when nothing came
@@ -117,7 +169,12 @@ class BuildWaits:
             limit = build.started + builds.wait_limit(build.expected_s) - time.monotonic()
         built = await self._restore_when_built(prep, flight, limit)
         if built is None and build is not None and build.pod_uid == target.uid and not flight.done():
-            # The leader still builds the head on this very pod and, however late, finishes first.
+            if await self._sooner_elsewhere(prep, prompt, key, build):
+                prep.settle(replace(prep.decision, branch=Branch.FIRST_SIGHT_MOVED))
+                self._metrics.first_sight.labels("moved").inc()
+                return True
+            # The leader still builds the head on this very pod and finishes before a second prefill
+            # beside it would.
             rest = build.started + self._config.first_sight_wait_s - time.monotonic()
             built = await self._restore_when_built(prep, flight, rest)
         if built is None:
@@ -131,6 +188,18 @@ class BuildWaits:
             prep.decision = replace(prep.decision, action=Action.RESTORE, snapshot=outcome.snapshot,
                                     predicted_blocks=ref.n_blocks, branch=Branch.FIRST_SIGHT_WAIT)
         return True
+
+    async def _sooner_elsewhere(self, prep: Preparation, prompt: Prompt, key: FlightKey, build: Build,
+                                ) -> bool:
+        """Whether a pod with an idle slot, other than the build's, is expected to compute the whole
+        head before the build ends (an unknown end: no)."""
+        if self._idle_pods is None or not prep.may_move:
+            return False
+        remaining = self._builds.remaining_s(key, prompt)
+        if remaining is None:
+            return False
+        idle = await self._idle_pods(prep.req, build.pod_uid)
+        return any(self._builds.expected_s(prompt.head_chars, e.uid) < remaining for e in idle)
 
     async def for_stage(self, prep: Preparation, prompt: Prompt) -> None:
         """Wait for the latest of the head's stages that another request is building, and restore it
