@@ -9,8 +9,9 @@ but `/health`, `/ready` and `/metrics` need the shared bearer token):
 - `POST /v1/snapshots/{name}/restore {slot}` -> {n_tokens, verify_ms, restore_ms, total_ms}
 - `GET /v1/snapshots`, `GET|DELETE /v1/snapshots/{name}`, `GET /v1/snapshots/{name}/file`
 - `GET|PUT /v1/required {snapshots}`: the snapshots this pod must hold to be ready (`required.py`)
-- `GET /v1/info`: pod, fleet, and the `features` of this pod's llama-server build (read from the
-  detector's `--help` text, `features.py`)
+- `GET /v1/info`: pod, fleet, the `features` of this pod's llama-server build (read from the
+  detector's `--help` text, `features.py`), the slots' context, the restore probe's result and the
+  model's `slidingWindow` (from its metadata: the operator keeps attach off for such a model)
 - `GET /v1/fingerprint` (this pod's), `GET /health`, `GET /ready` (503 naming missing required
   snapshots), `GET /metrics`
 

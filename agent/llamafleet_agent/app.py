@@ -108,6 +108,9 @@ def create_app(
     resume = model_resume_kind(settings.model_file, swa_full=settings.swa_full)
     restores = RestoreCheck(llama, model_sliding_window(settings.model_file, swa_full=settings.swa_full),
                             lambda: store.temp_path("probe"))
+    # The model's own window, --swa-full or not: llama-server attaches no slot of such a model, so the
+    # operator keeps its pods on per-slot KV streams (a unified pool would only widen every attention).
+    window = model_sliding_window(settings.model_file)
 
     def operation(op: str) -> Callable[[Callable[[Request], Awaitable[Any]]], Callable[..., Any]]:
         """Turn a handler's result or `Refused` into a response, counting outcomes and time per op."""
@@ -190,7 +193,8 @@ def create_app(
     async def info(request: Request) -> Any:
         return {"pod": settings.pod_name, "fleet": settings.fleet, "model": settings.model_name,
                 "attach": settings.attach, "features": report.to_json(),
-                "slotContext": await service.slot_context(), "restores": restores.report.to_json()}
+                "slotContext": await service.slot_context(), "restores": restores.report.to_json(),
+                "slidingWindow": window}
 
     @operation("list")
     async def list_snapshots(request: Request) -> Any:

@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import gguf
 import httpx
 import pytest
 import redis.asyncio as aioredis
@@ -61,11 +62,13 @@ def detector_wrote(workdir: Path, help_text: str) -> Path:
 
 
 @contextlib.asynccontextmanager
-async def agent_serving(workdir: Path, help_text: str) -> AsyncIterator[int]:
-    """A real agent on a free loopback port whose detector wrote `help_text`; yields the port."""
+async def agent_serving(workdir: Path, help_text: str, model_file: Path | None = None) -> AsyncIterator[int]:
+    """A real agent on a free loopback port whose detector wrote `help_text` (and which reads the model's
+    metadata from `model_file`, when given); yields the port."""
     help_file = detector_wrote(workdir, help_text)
     settings = AgentSettings(snapshot_dir=workdir / "snapshots", model_sha256="c" * 64, slots=2,
-                             server_help_file=help_file, pod_name=workdir.name)
+                             server_help_file=help_file, pod_name=workdir.name,
+                             **({"model_file": model_file} if model_file is not None else {}))
     async with httpx.AsyncClient() as http:
         # The pod's token: its namespace's, derived from the operator's master token.
         app = create_app(settings, llama=NoServer(), http=http, registry=CollectorRegistry(),
@@ -187,4 +190,43 @@ async def test_auto_attach_turns_on_when_a_pod_agent_reports_the_image_supports_
             await patch_spec(api, "llamafleets", "tiny", {"image": "registry.example/llama-server:upstream"})
             await eventually(lambda: "--slot-attach" not in server_args(api) and image_features(api) is None,
                              what="flags off and record dropped after the image changed")
+            assert not api.errors
+
+
+def windowed_model(path: Path, window: int) -> Path:
+    """A GGUF holding only the metadata the agent reads: a Gemma 3 architecture with a sliding window."""
+    writer = gguf.GGUFWriter(str(path), "gemma3")
+    writer.add_uint32("gemma3.attention.sliding_window", window)
+    writer.add_array("tokenizer.ggml.tokens", ["a", "bb"])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.close()
+    return path
+
+
+async def test_a_sliding_window_model_on_a_patched_image_never_gets_a_unified_pool(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, redis_url: str) -> None:
+    """The pod's agent reports the image's flags and, in the same answer, its model's sliding window:
+    the fleet is re-rendered with --cache-prefix but without --slot-attach, on per-slot streams (a
+    unified pool without attach made every token attend over every slot's cells)."""
+    async with emulated_api(tmp_path) as (api, kubeconfig):
+        monkeypatch.setenv("KUBECONFIG", kubeconfig)
+        settings = OperatorSettings(kubeconfig=kubeconfig, namespaces=[NS], redis_url=redis_url,
+                                    index_prefix=f"t{uuid.uuid4().hex[:8]}", agent_token=TOKEN,
+                                    reconcile_interval_s=0.3, prefix_interval_s=5.0)
+        model = windowed_model(tmp_path / "gemma.gguf", 512)
+        agent = agent_serving(tmp_path / "tiny-0", PATCHED_HELP, model)
+        async with running_operator(settings), agent as port:
+            await create(api, fleet_manifest(image=PATCHED_IMAGE, replicas=1, contextPerSlot=4096))
+            first = await eventually(lambda: obj(api, DEPLOYMENTS, "tiny"), what="deployment")
+            await realize_pod(api, "tiny-0", first, port)
+            record = await eventually(
+                lambda: (image_features(api) or {}).get("known") and image_features(api),
+                what="status.imageFeatures")
+            assert record["slotAttach"] is True and record["slidingWindow"] == 512
+            args = await eventually(lambda: "--cache-prefix" in server_args(api) and server_args(api),
+                                    what="deployment re-rendered with --cache-prefix")
+            assert "--slot-attach" not in args and "-no-kvu" in args
+            deploy = obj(api, DEPLOYMENTS, "tiny")
+            assert deploy is not None and "--attach" not in container(deploy, "agent")["args"]
             assert not api.errors

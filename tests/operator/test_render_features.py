@@ -141,10 +141,44 @@ def running_pod(name: str, image: str, *, detector: bool = True, ready: bool = T
                        "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
 
 
-def test_only_running_pods_of_the_current_image_with_a_detector_are_asked() -> None:
+def test_only_running_pods_of_the_current_image_and_model_with_a_detector_are_asked() -> None:
+    """Not a pod of the previous model either, while a rollout replaces it: its agent reads that
+    model's window."""
+    spec = fleet().spec
     pods = [running_pod("old", "registry.example/llama-server:old"), running_pod("no-detector", IMAGE,
-            detector=False), running_pod("starting", IMAGE, ready=False), running_pod("ready", IMAGE)]
-    assert [P.name(p) for p in F.candidates(pods, IMAGE)] == ["ready", "starting"]
+            detector=False), running_pod("starting", IMAGE, ready=False), running_pod("ready", IMAGE),
+            running_pod("old-model", IMAGE, server_args=("-m", "/models/other.gguf")),
+            running_pod("this-model", IMAGE, server_args=("-m", podspec.model_path(spec)))]
+    assert [P.name(p) for p in F.candidates(pods, spec)] == ["ready", "this-model", "starting"]
+
+
+def test_a_model_with_a_sliding_window_gets_no_attach_and_keeps_per_slot_streams() -> None:
+    """llama-server attaches no slot of a sliding-window model: with kvUnified unset the pods keep
+    per-slot streams, and the image's other flags stay on. The window is known with the image's flags
+    (one agent answer), so such a fleet never rolls out a unified pool."""
+    spec_fleet = fleet(kvUnified=None)
+    key = F.model_key(spec_fleet.spec)
+    plain = pod_of(spec_fleet, record(model=key))
+    assert "--slot-attach" in args(plain, "llama-server") and "-kvu" in args(plain, "llama-server")
+    windowed = pod_of(spec_fleet, record(model=key, sliding_window=512))
+    server = args(windowed, "llama-server")
+    assert "--slot-attach" not in server and "-no-kvu" in server and "--cache-prefix" in server
+    assert "--attach" not in args(windowed, "agent")
+    status = fleet_status(spec_fleet, [], None, record(model=key, sliding_window=512))
+    assert status["attach"] is False and status["imageFeatures"]["slidingWindow"] == 512
+
+
+def test_the_window_of_another_model_is_dropped_and_asked_again_the_image_flags_stay() -> None:
+    f = fleet()
+    old = record(model="old.gguf#000000000000", sliding_window=512)
+    kept = F.recorded(f.spec, old.to_k8s())
+    assert kept is not None and kept.sliding_window is None and kept.slot_attach
+    assert F.model_unknown(f.spec, kept)
+    current = record(model=F.model_key(f.spec), sliding_window=512)
+    assert F.recorded(f.spec, current.to_k8s()) == current and not F.model_unknown(f.spec, current)
+    # another URL under the same file name is another model
+    moved = fleet(model={"name": "m", "file": "m.gguf", "source": {"url": "https://models.example/v2/m.gguf"}})
+    assert F.model_key(moved.spec) != F.model_key(f.spec)
 
 
 @pytest.mark.parametrize(("features", "known", "attach"), [
@@ -158,6 +192,15 @@ def test_agent_answer_becomes_a_record_for_the_image(
     assert (rec.image, rec.known, rec.slot_attach, rec.pod) == (IMAGE, known, attach, "p-0")
     assert rec.detected_at and (known or rec.message)
     assert F.same(rec, rec.model_copy(update={"detected_at": "2001-01-01T00:00:00Z"}))
+
+
+@pytest.mark.parametrize(("window", "expected"), [(512, 512), (None, None), (0, None), (-4, None),
+                                                  (True, None), ("512", None)])
+def test_the_agents_window_is_recorded_for_the_model_it_was_asked_about(window: Any, expected: Any) -> None:
+    rec = F.from_info(IMAGE, "p-0", {"features": {"known": True, "slotAttach": True},
+                                     "slidingWindow": window}, "m.gguf#abc")
+    assert (rec.model, rec.sliding_window) == ("m.gguf#abc", expected)
+    assert F.support(rec)["attach_supported"] is (expected is None)
 
 
 def test_member_patched_flags_are_the_pods_own_args_not_the_fleets() -> None:

@@ -227,6 +227,12 @@ class ImageFeatures(StatusModel):
     slot_attach: bool = False
     cache_prefix: bool = False
     slot_checkpoints: bool = False
+    model: str = ""
+    """The model the reporting pod served (`spec.model`'s file and a digest of the whole of it); empty
+    in a record from before the operator kept it."""
+    sliding_window: int | None = None
+    """That model's sliding window in tokens, from its metadata. llama-server attaches no slot of such a
+    model, so `attach: auto` stays off for it and its pods keep per-slot KV streams."""
     pod: str = ""
     """The pod whose agent reported it."""
     detected_at: str = ""

@@ -146,7 +146,8 @@ async def reconcile_fleet(ctx: Context, body: Mapping[str, Any],
     await _apply_children(ctx, fleet, namespace, features, logger)
 
     pods = await ctx.kube.list("v1", "Pod", namespace, L.fleet_labels(name))
-    if podspec.detects_features(fleet.spec) and (features is None or not features.known):
+    if podspec.detects_features(fleet.spec) and (
+            features is None or not features.known or F.model_unknown(fleet.spec, features)):
         found = await F.detect(ctx, fleet.spec, pods, logger)
         if found is not None and not F.same(found, features):
             logger.info(f"image {found.image}: {_describe(found)} (asked the agent of {found.pod})")
@@ -196,7 +197,11 @@ def _describe(record: ImageFeatures) -> str:
     flags = (("--slot-attach", record.slot_attach), ("--cache-prefix", record.cache_prefix),
              ("--slot-save-checkpoints", record.slot_checkpoints))
     on = [flag for flag, ok in flags if ok]
-    return f"accepts {', '.join(on)}" if on else "accepts no prefix-sharing flag"
+    said = f"accepts {', '.join(on)}" if on else "accepts no prefix-sharing flag"
+    if record.sliding_window and record.slot_attach:
+        said += (f"; the model has a sliding window ({record.sliding_window} tokens), which llama-server "
+                 "attaches no slot of: per-slot KV streams")
+    return said
 
 
 async def forget_fleet(ctx: Context, namespace: str, name: str) -> None:
