@@ -4,4 +4,6 @@ Fixtures live in `tests/fixtures/` (one module per component of the bed) and are
 `bed_guard` checks that tests marked neither `llama` nor `models` need nothing of the llama-server bed.
 """
 
-pytest_plugins = ["tests.fixtures.redis", "tests.fixtures.llama", "tests.fixtures.bed_guard"]
+pytest_plugins = [
+    "tests.fixtures.redis", "tests.fixtures.redis_ha", "tests.fixtures.llama", "tests.fixtures.bed_guard",
+]

@@ -104,6 +104,7 @@ class RedisServer:
     proc: subprocess.Popen[bytes] | None = None
     preexec: Callable[[], None] | None = None
     password: str | None = None
+    extra_args: tuple[str, ...] = ()  # e.g. `--replicaof 127.0.0.1 PORT` for a replica
 
     @property
     def url(self) -> str:
@@ -131,7 +132,8 @@ class RedisServer:
         with (self.workdir / "redis.log").open("ab") as log:
             self.proc = subprocess.Popen(
                 [self.binary, *self._config(), "--bind", "127.0.0.1", "--port", str(self.port), "--save", "",
-                 "--appendonly", "no", "--dir", str(self.workdir), "--protected-mode", "no"],
+                 "--appendonly", "no", "--dir", str(self.workdir), "--protected-mode", "no",
+                 *self.extra_args],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=self.preexec is None, preexec_fn=self.preexec,
             )

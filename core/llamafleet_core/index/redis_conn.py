@@ -12,10 +12,12 @@ from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
 
 from llamafleet_core.index.base import IndexUnavailable
 from llamafleet_core.index.resp import RespClient, RespError
+from llamafleet_core.index.sentinel import is_sentinel_url, parse_sentinel_url
 
 T = TypeVar("T")
 DEFAULT_OP_TIMEOUT_S = 1.0
@@ -30,7 +32,20 @@ def connect_index(url: str, *, timeout_s: float = 0.5) -> RespClient:
 
 def connect(url: str, *, timeout_s: float = 0.5) -> aioredis.Redis:
     """A redis-py client for everything off the request path (membership): short socket timeouts and
-    one immediate retry, which re-dials a pooled connection that died with a restarted server."""
+    one immediate retry, which re-dials a pooled connection that died with a restarted server. A
+    Sentinel URL (sentinel.py) gives redis-py's own master client, which asks the Sentinels again on
+    every new connection."""
+    if is_sentinel_url(url):
+        found = parse_sentinel_url(url)
+        watched = found.sentinels
+        sentinel = Sentinel(  # type: ignore[no-untyped-call]
+            list(watched.nodes), socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
+            sentinel_kwargs={"password": watched.password, "socket_timeout": timeout_s,
+                             "socket_connect_timeout": timeout_s})
+        master: aioredis.Redis = sentinel.master_for(
+            watched.service, db=found.db, username=found.username, password=found.password,
+            socket_timeout=timeout_s, socket_connect_timeout=timeout_s, retry=Retry(NoBackoff(), 1))
+        return master
     client: aioredis.Redis = aioredis.Redis.from_url(
         url,
         socket_connect_timeout=timeout_s,

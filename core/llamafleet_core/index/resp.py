@@ -22,15 +22,24 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import re
 import ssl
 import time
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import hiredis
+
+from llamafleet_core.index.resp_wire import Connection, pack
+from llamafleet_core.index.sentinel import (
+    Sentinels,
+    is_master,
+    is_sentinel_url,
+    master_address,
+    parse_sentinel_url,
+)
 
 
 class RespError(Exception):
@@ -50,7 +59,8 @@ class LuaScript:
 
 @dataclass(frozen=True, slots=True)
 class Address:
-    """Where and how to connect, from a `redis://`, `rediss://` or `unix://` URL."""
+    """Where and how to connect, from a `redis://`, `rediss://`, `unix://` or `redis+sentinel://` URL
+    (`sentinels`: the master is asked of them at every dial, and `host`/`port` are unused)."""
 
     host: str = "127.0.0.1"
     port: int = 6379
@@ -59,14 +69,20 @@ class Address:
     username: str | None = None
     password: str | None = None
     tls: ssl.SSLContext | None = None
+    sentinels: Sentinels | None = None
 
     @classmethod
     def from_url(cls, url: str) -> Address:
         """Parse a Redis URL; anything this client would silently ignore is a `ValueError`."""
+        if is_sentinel_url(url):
+            found = parse_sentinel_url(url)
+            return cls(db=found.db, username=found.username, password=found.password,
+                       sentinels=found.sentinels)
         parts = urlsplit(url)
         query = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
         if parts.scheme not in ("redis", "rediss", "unix"):
-            raise ValueError(f"Redis URL scheme must be redis, rediss or unix, not {parts.scheme!r}")
+            raise ValueError(
+                f"Redis URL scheme must be redis, rediss, unix or redis+sentinel, not {parts.scheme!r}")
         unknown = set(query) - {"db", "password", "username", "ssl_cert_reqs", "ssl_ca_certs"}
         if unknown:
             raise ValueError(f"unsupported Redis URL option(s): {', '.join(sorted(unknown))}")
@@ -98,86 +114,16 @@ def _tls_context(query: dict[str, str]) -> ssl.SSLContext:
     return ctx
 
 
+_SECRET_OPTIONS = re.compile(r"([?&](?:password|sentinel_password)=)[^&#]*")
+
+
 def redacted_url(url: str) -> str:
-    """`url` with its password (if any) replaced by `***`: for logs, reports and state files."""
+    """`url` with its passwords (the userinfo's, and `password`/`sentinel_password` options) replaced by
+    `***`: for logs, reports and state files."""
     parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    return url.replace(f":{parts.password}@", ":***@", 1)
-
-
-def pack(args: Sequence[Any]) -> bytes:
-    """One command in RESP: an array of bulk strings."""
-    out = [b"*%d\r\n" % len(args)]
-    for arg in args:
-        if isinstance(arg, str):
-            data = arg.encode()
-        elif isinstance(arg, bytes):
-            data = arg
-        elif isinstance(arg, int) and not isinstance(arg, bool):
-            data = b"%d" % arg
-        elif isinstance(arg, float):
-            data = repr(arg).encode()
-        else:
-            raise TypeError(f"cannot send {type(arg).__name__} to Redis")
-        out.append(b"$%d\r\n%s\r\n" % (len(data), data))
-    return b"".join(out)
-
-
-class _Connection(asyncio.Protocol):
-    """One socket: writes commands, parses replies, hands each to the oldest waiter."""
-
-    def __init__(self) -> None:
-        self._reader = hiredis.Reader()
-        self.waiters: deque[asyncio.Future[Any]] = deque()
-        self.transport: asyncio.Transport | None = None
-        self.closed = False
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # A cast, not an isinstance check: uvloop's transports do not subclass `asyncio.Transport`.
-        self.transport = cast(asyncio.Transport, transport)
-
-    def data_received(self, data: bytes) -> None:
-        self._reader.feed(data)
-        while True:
-            try:
-                reply = self._reader.gets()
-            except hiredis.ProtocolError as exc:
-                self.close(ConnectionError(f"redis protocol error: {exc}"))
-                return
-            if reply is False:
-                return
-            if not self.waiters:  # a reply nobody asked for: the stream cannot be trusted
-                self.close(ConnectionError("redis sent an unexpected reply"))
-                return
-            waiter = self.waiters.popleft()
-            if not waiter.done():  # done: its caller was cancelled, the reply is dropped
-                waiter.set_result(reply)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._fail(ConnectionError(f"redis connection lost: {exc}" if exc else "redis connection closed"))
-
-    def send(self, data: bytes) -> asyncio.Future[Any]:
-        transport = self.transport
-        if self.closed or transport is None or transport.is_closing():
-            self.closed = True  # whatever happened, the next command dials a new connection
-            raise ConnectionError("redis connection closed")
-        waiter: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self.waiters.append(waiter)
-        transport.write(data)
-        return waiter
-
-    def close(self, exc: Exception) -> None:
-        if self.transport is not None:
-            self.transport.abort()
-        self._fail(exc)
-
-    def _fail(self, exc: Exception) -> None:
-        self.closed = True
-        while self.waiters:
-            waiter = self.waiters.popleft()
-            if not waiter.done():
-                waiter.set_exception(exc)
+    if parts.password is not None:
+        url = url.replace(f":{parts.password}@", ":***@", 1)
+    return _SECRET_OPTIONS.sub(r"\1***", url)
 
 
 class RespClient:
@@ -187,7 +133,7 @@ class RespClient:
         self.address = address
         self.timeout_s = timeout_s
         self.redial_s = redial_s
-        self._conn: _Connection | None = None
+        self._conn: Connection | None = None
         self._dialling: asyncio.Lock | None = None
         self._dial_failed: tuple[float, Exception] | None = None
 
@@ -209,6 +155,10 @@ class RespClient:
             conn.close(TimeoutError("redis did not answer in time"))
             raise
         if isinstance(reply, hiredis.ReplyError):
+            if str(reply).startswith("READONLY"):
+                # A replica now (a failover demoted it): the next command dials the master anew.
+                conn.close(ConnectionError(f"redis is a replica now: {reply}"))
+                raise ConnectionError(f"redis is a replica now: {reply}")
             raise RespError(str(reply))
         return reply
 
@@ -229,7 +179,7 @@ class RespClient:
             self._conn.close(ConnectionError("redis client closed"))
             self._conn = None
 
-    async def _connect(self) -> _Connection:
+    async def _connect(self) -> Connection:
         if self._dialling is None:
             self._dialling = asyncio.Lock()
         async with self._dialling:  # one dial at a time: the others wait and share it
@@ -248,20 +198,26 @@ class RespClient:
             self._conn = conn
             return conn
 
-    async def _dial(self) -> _Connection:
+    async def _dial(self) -> Connection:
         loop = asyncio.get_running_loop()
         a = self.address
+        host, port = a.host, a.port
+        if a.sentinels is not None:
+            host, port = await master_address(a.sentinels, self.timeout_s)
         async with asyncio.timeout(self.timeout_s):
             if a.path is not None:
-                _, conn = await loop.create_unix_connection(_Connection, a.path)
+                _, conn = await loop.create_unix_connection(Connection, a.path)
             else:
                 _, conn = await loop.create_connection(
-                    _Connection, a.host, a.port, ssl=a.tls, server_hostname=a.host if a.tls else None)
+                    Connection, host, port, ssl=a.tls, server_hostname=host if a.tls else None)
             try:
                 for command in _handshake(a):
                     reply = await conn.send(pack(command))
                     if isinstance(reply, hiredis.ReplyError):
                         raise RespError(f"{command[0]}: {reply}")
+                # A Sentinel that has not seen a failover yet names the old master, maybe a replica now.
+                if a.sentinels is not None and not is_master(await conn.send(pack(["ROLE"]))):
+                    raise ConnectionError(f"{host}:{port}, named by the Sentinels, is not the master (yet)")
             except BaseException:
                 conn.close(ConnectionError("redis handshake failed"))
                 raise
