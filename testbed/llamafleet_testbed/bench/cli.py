@@ -127,7 +127,19 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--run-dir", type=Path, default=None, help="process logs (default runs/later-days-<time>)")
     d.add_argument("--patched", action="store_true",
                    help="the fleets on the project's patched llama-server (plain stays upstream)")
+    s = sub.add_parser("simulate", help="a simulated fleet behind the real scheduler, index and Redis")
+    s.add_argument("--pods", type=int, default=1000)
+    s.add_argument("--slots", type=int, default=4)
+    s.add_argument("--minutes", type=float, default=5.0, help="simulated minutes")
+    s.add_argument("--sessions-per-hour", type=float, default=100_000.0)
+    s.add_argument("--prefixes", type=int, default=200, help="distinct agent prefixes in the Zipf mix")
+    s.add_argument("--churn", type=float, default=60.0, help="pods replaced per simulated hour")
+    s.add_argument("--out", type=Path, default=Path("bench/results"))
     args = parser.parse_args(args_in)
+    if args.command == "simulate":
+        from llamafleet_testbed.fleet_sim import report as fleet_sim
+
+        return fleet_sim.main(args)
     if args.command == "later-days":
         from llamafleet_testbed.bench import later_days
 
