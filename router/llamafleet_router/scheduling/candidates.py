@@ -24,9 +24,11 @@ taken by another router replica, the scheduler tries the group's other slots in 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+import heapq
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
 
-from llamafleet_core.types import Lookup, SlotRef
+from llamafleet_core.types import Endpoint, Lookup, SlotRef
 from llamafleet_router.scheduling.framework import Candidate, EndpointState
 
 # Per pod uid: slot -> group. A group is the run length the lookup gives (> 0; plus `_EXACT` for slots
@@ -86,6 +88,36 @@ def candidates(survivors: Sequence[EndpointState], groups: Groups, *, idle_only:
                 out.append(Candidate(s, slot))
         if (oldest := _oldest(s, (slot for slot in slots if slot not in mine))) is not None:
             out.append(Candidate(s, oldest))
+    return out
+
+
+def pod_kind(endpoint: Endpoint) -> tuple[bool, ...]:
+    """What a slot-level scorer may read of a pod it knows nothing else about (pure): whether it has an
+    agent, restores, resumes anywhere, attaches and keeps RAM prefix entries."""
+    return (endpoint.agent_url is None, endpoint.restores, endpoint.resume_anywhere, endpoint.attach,
+            endpoint.cache_prefix)
+
+
+def prune_unknown(found: Sequence[Candidate], groups: Groups, lookup: Lookup,
+                  key: Callable[[Candidate], tuple[Any, ...]], keep: int) -> list[Candidate]:
+    """`found` with only the `keep` best candidates, by the picker's `key`, of each kind of pod
+    (`pod_kind`) that neither the lookup (its slots, snapshots) nor a nomination names (pure).
+
+    Every slot-level scorer scores a slot of such a pod by the pod's kind alone, so within a kind
+    their candidates rank by the pod-level scores `key` carries, and the first `keep` of the whole
+    ranking are the same with or without the rest: placement tries `keep` at most. At 1,000 pods this
+    leaves a few dozen candidates to score instead of one per pod (docs/design.md, "Measurements behind
+    the rules")."""
+    known = set(groups) | {snap.pod_uid for snap in lookup.snapshots}
+    out: list[Candidate] = []
+    unknown: dict[tuple[bool, ...], list[Candidate]] = {}
+    for c in found:
+        if c.key.pod_uid in known:
+            out.append(c)
+        else:
+            unknown.setdefault(pod_kind(c.endpoint), []).append(c)
+    for same in unknown.values():
+        out.extend(same if len(same) <= keep else heapq.nsmallest(keep, same, key=key))
     return out
 
 

@@ -128,6 +128,17 @@ class Picker(Protocol):
 
 
 @runtime_checkable
+class OrderedPicker(Protocol):
+    """Optional, for pickers that rank by a fixed order of (total, candidate): the key they sort by,
+    ascending. With it the scheduler scores only the few best slots of the pods nothing is known about
+    (`candidates.prune_unknown`), where every pod's slots would rank alike; a picker that breaks ties at
+    random cannot say which of them it would take, and gets them all."""
+
+    @property
+    def rank_key(self) -> Callable[[float, Candidate], tuple[Any, ...]] | None: ...  # None: no fixed order
+
+
+@runtime_checkable
 class PodScorer(Protocol):
     """Optional, for scorers whose score is the same for every slot of a pod (load, free slots, the
     degraded hash): the scheduler calls this once per request instead of `score`, and reads it per pod.

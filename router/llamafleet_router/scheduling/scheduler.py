@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from llamafleet_core.types import SlotRef
 from llamafleet_router.scheduling.action import ActionDecider
-from llamafleet_router.scheduling.candidates import candidates, slot_groups
+from llamafleet_router.scheduling.candidates import Groups, candidates, prune_unknown, slot_groups
 from llamafleet_router.scheduling.config import PipelineConfig
 from llamafleet_router.scheduling.framework import (
     INDEX_AVAILABLE,
@@ -42,6 +42,7 @@ from llamafleet_router.scheduling.framework import (
     GatedScorer,
     MetricsHook,
     NoEndpointError,
+    OrderedPicker,
     Picker,
     PluginHandle,
     PodScorer,
@@ -57,7 +58,7 @@ from llamafleet_router.scheduling.placement import Placement, queued_decision
 from llamafleet_router.scheduling.plugins.scorers.session_affinity import SessionAffinityScorer
 from llamafleet_router.scheduling.registry import Registry, register_builtin_plugins
 from llamafleet_router.scheduling.speeds import SpeedBook
-from llamafleet_router.scheduling.weighing import weigh_candidates
+from llamafleet_router.scheduling.weighing import pod_totals, weigh_candidates
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +134,8 @@ class Scheduler:
             (s, w, s if isinstance(s, PodScorer) else None, s if isinstance(s, GatedScorer) else None)
             for s, w in self.scorers
         ]
+        self._weights = {s.name: w for s, w in self.scorers}
+        self._rank_key = self.picker.rank_key if isinstance(self.picker, OrderedPicker) else None
 
     # ---- the pipeline ------------------------------------------------------------------------
 
@@ -163,11 +166,11 @@ class Scheduler:
         idle = candidates(survivors, named, idle_only=True)
         decision = None
         if idle:
-            ranked = self.rank(req, state, idle, [s for s in survivors if s.idle_slots])
+            ranked = self.rank(req, state, idle, [s for s in survivors if s.idle_slots], named)
             decision = await self.placement.place(req, state, ranked, named)
         if decision is None:
             every = candidates(survivors, named, idle_only=False)
-            ranked = self.rank(req, state, every, [s for s in survivors if s.endpoint.n_slots > 0])
+            ranked = self.rank(req, state, every, [s for s in survivors if s.endpoint.n_slots > 0], named)
             known = lookup if state.read(INDEX_AVAILABLE, True) else None
             decision = queued_decision(req, known, ranked, survivors, self.decider.is_session_slot)
         self.on_decision(req, decision)
@@ -175,20 +178,23 @@ class Scheduler:
 
     def rank(
         self, req: SchedRequest, state: CycleState, candidates: Sequence[Candidate],
-        endpoints: Sequence[EndpointState] | None = None,
+        endpoints: Sequence[EndpointState] | None = None, groups: Groups | None = None,
     ) -> list[ScoredCandidate]:
         """Weighted scores of `candidates` (slots of `endpoints`, derived when not given), ranked best
         first by the picker.
 
         Pod-level scorers are asked once per pod, gated scorers that do not apply are skipped, and a
         slot-level answer that is 0 everywhere is not looked up per candidate: with many index entries
-        the per-candidate dict lookups would be most of the decision's cost."""
+        the per-candidate dict lookups would be most of the decision's cost. Given the slot `groups`
+        (and a picker of fixed order), the slot-level scorers see only the best few candidates of the
+        pods nothing is known about (`prune_unknown`)."""
         clock = time.perf_counter
         if endpoints is None:
             endpoints = list({id(c.state): c.state for c in candidates}.values())
         zero: dict[str, float] = {}
         pod_level: list[tuple[str, float, Mapping[str, float]]] = []
         slot_level: list[tuple[str, float, dict[SlotRef, float]]] = []
+        by_slot: list[Scorer] = []
         for scorer, weight, by_pod, gate in self._plan:
             started = clock()
             if gate is not None and not gate.applies(req, state):
@@ -196,11 +202,20 @@ class Scheduler:
             elif by_pod is not None:
                 pod_level.append((scorer.name, weight, by_pod.score_pods(req, state, endpoints)))
             else:
-                scores = scorer.score(req, state, candidates)
-                if any(scores.values()):
-                    slot_level.append((scorer.name, weight, scores))
-                else:
-                    zero[scorer.name] = 0.0
+                by_slot.append(scorer)
+            self._report("scorer", scorer.type_name, scorer.name, started)
+        order, keep = self._rank_key, self.config.leases.max_attempts  # placement tries `keep` at most
+        if groups is not None and order is not None and len(candidates) > keep:
+            totals = pod_totals(pod_level)
+            candidates = prune_unknown(candidates, groups, state.read(LOOKUP, NO_LOOKUP),
+                                       lambda c: order(totals(c.key.pod_uid), c), keep)
+        for scorer in by_slot:
+            started = clock()
+            scores = scorer.score(req, state, candidates)
+            if any(scores.values()):
+                slot_level.append((scorer.name, self._weights[scorer.name], scores))
+            else:
+                zero[scorer.name] = 0.0
             self._report("scorer", scorer.type_name, scorer.name, started)
         scored = weigh_candidates(candidates, pod_level, slot_level, zero)
         started = clock()

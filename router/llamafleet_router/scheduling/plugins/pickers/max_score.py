@@ -17,10 +17,11 @@ Produces: the full ranked list, so the scheduler can move on to the next slot wh
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, Literal
 
 from llamafleet_router.scheduling.framework import (
+    Candidate,
     CycleState,
     PluginHandle,
     PluginParams,
@@ -56,10 +57,16 @@ class MaxScorePicker:
             jitter = [self._rng.random() for _ in ordered]
             ranked = sorted(zip(ordered, jitter, strict=True), key=lambda p: (-round(p[0].total, 9), p[1]))
             return [s for s, _ in ranked]
-        def order(s: ScoredCandidate) -> tuple[float, str, int, int]:
-            c = s.candidate
-            return -round(s.total, 9), c.key.pod_uid, c.state.released_at(c.slot), c.slot
-        return sorted(scored, key=order)
+        return sorted(scored, key=lambda s: self._order(s.total, s.candidate))
+
+    @property
+    def rank_key(self) -> Callable[[float, Candidate], tuple[float, str, int, int]] | None:
+        """`OrderedPicker`'s key when ties are broken in order; None (no fixed order) when at random."""
+        return self._order if self.params.tie_break == "order" else None
+
+    @staticmethod
+    def _order(total: float, c: Candidate) -> tuple[float, str, int, int]:
+        return -round(total, 9), c.key.pod_uid, c.state.released_at(c.slot), c.slot
 
 
 SPEC = PluginSpec(

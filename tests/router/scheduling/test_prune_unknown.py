@@ -1,0 +1,153 @@
+"""Only the best few slots of the pods nothing is known about are scored (candidates.prune_unknown):
+the decisions are exactly those of scoring every pod, over random fleets of mixed pod kinds, prefixes
+held in slots, snapshots, conversations and leases another replica holds."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+from llamafleet_core.index.base import IndexUnavailable
+from llamafleet_core.index.memory import InMemoryPrefixIndex
+from llamafleet_core.index.memory_leases import InMemorySlotLeases
+from llamafleet_core.types import Lookup, PromptTags, SlotRef, SnapshotRef
+from llamafleet_router.scheduling.candidates import pod_kind, prune_unknown, slot_groups
+from llamafleet_router.scheduling.config import default_config, load_config
+from llamafleet_router.scheduling.framework import Candidate, EndpointState, SchedRequest
+from llamafleet_router.scheduling.scheduler import Scheduler
+from tests.router.scheduling.fakes import BLOCK_CHARS, MODEL, chain, endpoint, prompt, text_hash
+
+PODS, SLOTS = 60, 4
+PIPELINE = """
+plugins:
+  - {type: prefix-lookup}
+  - {type: healthy}
+  - {type: bounded-load}
+  - {type: prefix-match, name: prefix}
+  - {type: snapshot-match, name: snapshot}
+  - {type: session-affinity, name: affinity}
+  - {type: free-slots, name: free}
+  - {type: queue-depth, name: queue}
+  - {type: max-score}
+profile:
+  plugins:
+    - {ref: prefix-lookup}
+    - {ref: healthy}
+    - {ref: bounded-load}
+    - {ref: prefix, weight: 10}
+    - {ref: snapshot, weight: 6}
+    - {ref: affinity, weight: 3}
+    - {ref: free, weight: 1}
+    - {ref: queue, weight: 1}
+    - {ref: max-score}
+leases: {max_attempts: 3}
+"""
+
+
+KINDS = ({}, {"agent": False}, {"attach": True}, {"cache_prefix": True, "resume_anywhere": False},
+         {"restores": False})
+
+
+def fleet(rng: random.Random) -> list[EndpointState]:
+    states = []
+    for p in range(PODS):
+        kind = KINDS[0] if rng.random() < 0.6 else rng.choice(KINDS)
+        ep = endpoint(f"p{p:02d}", n_slots=SLOTS, **kind)  # type: ignore[arg-type]
+        busy = frozenset(s for s in range(SLOTS) if rng.random() < 0.3)
+        released = {s: rng.randrange(1000) for s in range(SLOTS) if rng.random() < 0.5}
+        states.append(EndpointState(ep, busy_slots=busy, in_flight=len(busy), queue_depth=rng.randrange(3),
+                                    slot_last_used=released))
+    return states
+
+
+async def populate(rng: random.Random, index: InMemoryPrefixIndex, states: list[EndpointState]) -> None:
+    for s in rng.sample(states, 8):  # a few pods hold parts of this prompt, or other prompts
+        for slot in rng.sample(range(SLOTS), 2):
+            tag = rng.choice(("q", "q", "other"))
+            n = rng.randrange(2, 12)
+            tags = PromptTags("head-q", 4, f"conv-{rng.randrange(3)}") if tag == "q" else None
+            await index.record_slot(MODEL, SlotRef(s.uid, slot), chain(tag, n), n * 64, tags)
+    for s in rng.sample(states, 2):  # and a snapshot or two of its head
+        n = rng.choice((4, 8))
+        snap = SnapshotRef(f"fs-{s.uid}", s.uid, n, n * 64, 1000, n_chars=n * BLOCK_CHARS,
+                           text_hash=text_hash(n * BLOCK_CHARS))
+        await index.record_snapshot(MODEL, snap, chain("q", n))
+
+
+def scheduler(index: InMemoryPrefixIndex, leases: InMemorySlotLeases, *, prune: bool) -> Scheduler:
+    sched = Scheduler(load_config(PIPELINE), index=index, leases=leases, holder_prefix="me")
+    if not prune:
+        sched._rank_key = None  # every pod's candidate scored: the reference
+    return sched
+
+
+def outcome(d: Any) -> tuple[Any, ...]:
+    return (d.endpoint.pod.uid, d.slot, d.action, d.branch, d.predicted_blocks,
+            d.snapshot.name if d.snapshot else None)
+
+
+@pytest.mark.parametrize("seed", range(40))
+async def test_pruned_decisions_equal_the_decisions_of_scoring_every_pod(seed: int) -> None:
+    rng = random.Random(seed)
+    states = fleet(rng)
+    index = InMemoryPrefixIndex()
+    await populate(rng, index, states)
+    taken = [SlotRef(s.uid, slot) for s in rng.sample(states, 20) for slot in range(SLOTS)]
+    conversation = f"conv-{rng.randrange(3)}"
+    identity = prompt(MODEL, chain("q", 14), session_prefix_chars=8 * BLOCK_CHARS,
+                      shared_chars=4 * BLOCK_CHARS, head_tag="head-q", conversation_tag=conversation)
+    decided, scored = [], []
+    for prune in (True, False):
+        leases = InMemorySlotLeases()
+        for ref in taken:  # another replica holds these: placement moves down the ranking
+            await leases.acquire(ref, "other", 60)
+        sched = scheduler(index, leases, prune=prune)
+        prefix = next(s for s, _ in sched.scorers if s.name == "prefix")
+        seen: list[int] = []
+        score = prefix.score
+        prefix.score = lambda req, state, cands, score=score, seen=seen: (  # type: ignore[method-assign]
+            seen.append(len(cands)) or score(req, state, cands))
+        req = SchedRequest(f"r{seed}", MODEL, identity, session_id=None)
+        decided.append(outcome(await sched.schedule(req, states)))
+        scored.append(sum(seen))
+    assert decided[0] == decided[1]
+    assert scored[0] < scored[1]  # the pruned scheduler scored fewer slots
+
+
+class _Down(InMemoryPrefixIndex):
+    async def lookup(self, *args: Any, **kwargs: Any) -> Lookup:
+        raise IndexUnavailable("redis: down")
+
+
+@pytest.mark.parametrize("seed", range(10))
+async def test_the_default_pipeline_prunes_alike_with_the_index_down(seed: int) -> None:
+    """Degraded: the consistent hash is a pod-level score, so it is part of what ranks the pruned."""
+    rng = random.Random(seed)
+    states = fleet(rng)
+    req = SchedRequest(f"r{seed}", MODEL, prompt(MODEL, chain(f"d{seed}", 12), session_prefix_chars=2048),
+                       session_id=f"s{seed % 3}")
+    decided = []
+    for prune in (True, False):
+        sched = Scheduler(default_config(), index=_Down(), leases=InMemorySlotLeases(), holder_prefix="me")
+        if not prune:
+            sched._rank_key = None
+        decided.append(outcome(await sched.schedule(req, states)))
+    assert decided[0] == decided[1] and decided[0][3] == "degraded_hash"
+
+
+def test_only_unknown_pods_are_pruned_and_each_kind_keeps_its_best() -> None:
+    rng = random.Random(1)
+    states = fleet(rng)
+    found = [Candidate(s, 0) for s in states]
+    known = {states[0].uid: {0: 3}}
+    snap = SnapshotRef("fs-x", states[1].uid, 4, 256, 1000)
+    kept = prune_unknown(found, known, Lookup(snapshots=(snap,)), key=lambda c: (c.key.pod_uid,), keep=2)
+    uids = {c.key.pod_uid for c in kept}
+    assert {states[0].uid, states[1].uid} <= uids  # named by the lookup: never pruned
+    kinds = {pod_kind(s.endpoint) for s in states[2:]}
+    for kind in kinds:
+        mine = sorted(s.uid for s in states[2:] if pod_kind(s.endpoint) == kind)
+        assert sorted(u for u in uids if u in mine) == mine[:2]
+    assert slot_groups(Lookup(), ()) == {}
