@@ -25,11 +25,10 @@ taken by another router replica, the scheduler tries the group's other slots in 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any
+from collections.abc import Container, Iterable, Iterator, Mapping, Sequence
 
 from llamafleet_core.types import Endpoint, Lookup, SlotRef
-from llamafleet_router.scheduling.framework import Candidate, EndpointState
+from llamafleet_router.scheduling.framework import Candidate, EndpointState, clamp01
 
 # Per pod uid: slot -> group. A group is the run length the lookup gives (> 0; plus `_EXACT` for slots
 # holding the head exactly), or a distinct negative value for a slot on its own; a slot absent from the
@@ -69,10 +68,14 @@ def _oldest(state: EndpointState, slots: Iterable[int]) -> int | None:
     return min(slots, key=lambda slot: (state.released_at(slot), slot), default=None)
 
 
-def candidates(survivors: Sequence[EndpointState], groups: Groups, *, idle_only: bool) -> list[Candidate]:
-    """One candidate per (pod, group): idle slots only when `idle_only`, else every slot (queueing)."""
+def candidates(survivors: Sequence[EndpointState], groups: Groups, *, idle_only: bool,
+               only: Container[str] | None = None) -> list[Candidate]:
+    """One candidate per (pod, group): idle slots only when `idle_only`, else every slot (queueing);
+    with `only`, of those pods only (the others: `unknown_candidates`)."""
     out: list[Candidate] = []
     for s in survivors:
+        if only is not None and s.endpoint.pod.uid not in only:
+            continue
         slots: Sequence[int] = s.idle_slots if idle_only else range(s.endpoint.n_slots)
         mine = groups.get(s.endpoint.pod.uid)
         if not mine:
@@ -98,26 +101,39 @@ def pod_kind(endpoint: Endpoint) -> tuple[bool, ...]:
             endpoint.cache_prefix)
 
 
-def prune_unknown(found: Sequence[Candidate], groups: Groups, lookup: Lookup,
-                  key: Callable[[Candidate], tuple[Any, ...]], keep: int) -> list[Candidate]:
-    """`found` with only the `keep` best candidates, by the picker's `key`, of each kind of pod
-    (`pod_kind`) that neither the lookup (its slots, snapshots) nor a nomination names (pure).
+def known_pods(groups: Groups, lookup: Lookup) -> set[str]:
+    """The pods the lookup (its slots, its snapshots) or a nomination names (pure)."""
+    return set(groups) | {snap.pod_uid for snap in lookup.snapshots}
 
-    Every slot-level scorer scores a slot of such a pod by the pod's kind alone, so within a kind
-    their candidates rank by the pod-level scores `key` carries, and the first `keep` of the whole
-    ranking are the same with or without the rest: placement tries `keep` at most. At 1,000 pods this
-    leaves a few dozen candidates to score instead of one per pod (docs/design.md, "Measurements behind
-    the rules")."""
-    known = set(groups) | {snap.pod_uid for snap in lookup.snapshots}
+
+def unknown_candidates(
+    endpoints: Sequence[EndpointState], known: Container[str],
+    pod_level: Sequence[tuple[str, float, Mapping[str, float]]], keep: int, *, idle_only: bool,
+) -> list[Candidate]:
+    """The representative slots of the `keep` best pods of each kind (`pod_kind`) among `endpoints` not
+    in `known`, by their weighted pod-level total, then pod uid (pure).
+
+    Every slot-level scorer scores a slot of such a pod by the pod's kind alone, so a picker that ranks
+    by total and then pod uid (`OrderedPicker`) ranks them in this order, and the first `keep` of its
+    ranking are the same as with every pod's candidate: placement tries `keep` at most. At 1,000 pods
+    this leaves a few dozen candidates to build and score instead of one per pod (docs/design.md,
+    "Measurements behind the rules")."""
+    by_kind: dict[tuple[bool, ...], list[tuple[float, str, EndpointState]]] = {}
+    for s in endpoints:
+        uid = s.endpoint.pod.uid
+        if uid in known:
+            continue
+        total = 0.0
+        for _, weight, scores in pod_level:
+            value = scores.get(uid, 0.0)
+            total += weight * (value if 0.0 <= value <= 1.0 else clamp01(value))
+        by_kind.setdefault(pod_kind(s.endpoint), []).append((-round(total, 9), uid, s))
     out: list[Candidate] = []
-    unknown: dict[tuple[bool, ...], list[Candidate]] = {}
-    for c in found:
-        if c.key.pod_uid in known:
-            out.append(c)
-        else:
-            unknown.setdefault(pod_kind(c.endpoint), []).append(c)
-    for same in unknown.values():
-        out.extend(same if len(same) <= keep else heapq.nsmallest(keep, same, key=key))
+    for pods in by_kind.values():
+        for _, _, s in pods if len(pods) <= keep else heapq.nsmallest(keep, pods):
+            slots: Sequence[int] = s.idle_slots if idle_only else range(s.endpoint.n_slots)
+            if (oldest := _oldest(s, slots)) is not None:
+                out.append(Candidate(s, oldest))
     return out
 
 

@@ -129,13 +129,14 @@ class Picker(Protocol):
 
 @runtime_checkable
 class OrderedPicker(Protocol):
-    """Optional, for pickers that rank by a fixed order of (total, candidate): the key they sort by,
-    ascending. With it the scheduler scores only the few best slots of the pods nothing is known about
-    (`candidates.prune_unknown`), where every pod's slots would rank alike; a picker that breaks ties at
-    random cannot say which of them it would take, and gets them all."""
+    """Optional, for pickers that rank by total (highest first) and break ties by pod uid before
+    anything else. With such a picker the scheduler scores only the few best slots of the pods nothing
+    is known about (`candidates.unknown_candidates`), where every such pod's slots rank by its pod-level
+    total alone; a picker that breaks ties at random cannot say which of them it would take, and says
+    False."""
 
     @property
-    def rank_key(self) -> Callable[[float, Candidate], tuple[Any, ...]] | None: ...  # None: no fixed order
+    def orders_ties_by_pod(self) -> bool: ...
 
 
 @runtime_checkable

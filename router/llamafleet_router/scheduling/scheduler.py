@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from llamafleet_core.types import SlotRef
 from llamafleet_router.scheduling.action import ActionDecider
-from llamafleet_router.scheduling.candidates import Groups, candidates, prune_unknown, slot_groups
+from llamafleet_router.scheduling.candidates import candidates, known_pods, slot_groups, unknown_candidates
 from llamafleet_router.scheduling.config import PipelineConfig
 from llamafleet_router.scheduling.framework import (
     INDEX_AVAILABLE,
@@ -58,7 +58,7 @@ from llamafleet_router.scheduling.placement import Placement, queued_decision
 from llamafleet_router.scheduling.plugins.scorers.session_affinity import SessionAffinityScorer
 from llamafleet_router.scheduling.registry import Registry, register_builtin_plugins
 from llamafleet_router.scheduling.speeds import SpeedBook
-from llamafleet_router.scheduling.weighing import pod_totals, weigh_candidates
+from llamafleet_router.scheduling.weighing import weigh_candidates
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +135,8 @@ class Scheduler:
             for s, w in self.scorers
         ]
         self._weights = {s.name: w for s, w in self.scorers}
-        self._rank_key = self.picker.rank_key if isinstance(self.picker, OrderedPicker) else None
+        self._prunes = isinstance(self.picker, OrderedPicker) and self.picker.orders_ties_by_pod
+        self._keep = config.leases.max_attempts  # the most candidates placement tries
 
     # ---- the pipeline ------------------------------------------------------------------------
 
@@ -163,31 +164,37 @@ class Scheduler:
             raise NoEndpointError(f"no endpoint for model {req.model!r}")
         lookup = state.read(LOOKUP, NO_LOOKUP)
         named = slot_groups(lookup, (ref for n in self._nominators for ref in n.nominate(req, state)))
-        idle = candidates(survivors, named, idle_only=True)
+        # With a picker of fixed order, the pods nothing is known about get candidates only for the best
+        # few of them, once their pod-level scores are known (`rank`, `unknown_candidates`).
+        known = known_pods(named, lookup) if self._prunes and len(survivors) > self._keep else None
         decision = None
-        if idle:
-            ranked = self.rank(req, state, idle, [s for s in survivors if s.idle_slots], named)
+        roomy = [s for s in survivors if s.idle_slots]
+        if roomy:
+            idle = candidates(roomy, named, idle_only=True, only=known)
+            ranked = self.rank(req, state, idle, roomy, known=known)
             decision = await self.placement.place(req, state, ranked, named)
         if decision is None:
-            every = candidates(survivors, named, idle_only=False)
-            ranked = self.rank(req, state, every, [s for s in survivors if s.endpoint.n_slots > 0], named)
-            known = lookup if state.read(INDEX_AVAILABLE, True) else None
-            decision = queued_decision(req, known, ranked, survivors, self.decider.is_session_slot)
+            sized = [s for s in survivors if s.endpoint.n_slots > 0]
+            every = candidates(sized, named, idle_only=False, only=known)
+            ranked = self.rank(req, state, every, sized, known=known, idle_only=False)
+            seen = lookup if state.read(INDEX_AVAILABLE, True) else None
+            decision = queued_decision(req, seen, ranked, survivors, self.decider.is_session_slot)
         self.on_decision(req, decision)
         return decision
 
     def rank(
         self, req: SchedRequest, state: CycleState, candidates: Sequence[Candidate],
-        endpoints: Sequence[EndpointState] | None = None, groups: Groups | None = None,
+        endpoints: Sequence[EndpointState] | None = None, *, known: Container[str] | None = None,
+        idle_only: bool = True,
     ) -> list[ScoredCandidate]:
         """Weighted scores of `candidates` (slots of `endpoints`, derived when not given), ranked best
         first by the picker.
 
         Pod-level scorers are asked once per pod, gated scorers that do not apply are skipped, and a
         slot-level answer that is 0 everywhere is not looked up per candidate: with many index entries
-        the per-candidate dict lookups would be most of the decision's cost. Given the slot `groups`
-        (and a picker of fixed order), the slot-level scorers see only the best few candidates of the
-        pods nothing is known about (`prune_unknown`)."""
+        the per-candidate dict lookups would be most of the decision's cost. Given the `known` pods
+        (`candidates` holds only theirs), the best few of the others of `endpoints` are added once
+        their pod-level scores are known (`unknown_candidates`)."""
         clock = time.perf_counter
         if endpoints is None:
             endpoints = list({id(c.state): c.state for c in candidates}.values())
@@ -204,11 +211,9 @@ class Scheduler:
             else:
                 by_slot.append(scorer)
             self._report("scorer", scorer.type_name, scorer.name, started)
-        order, keep = self._rank_key, self.config.leases.max_attempts  # placement tries `keep` at most
-        if groups is not None and order is not None and len(candidates) > keep:
-            totals = pod_totals(pod_level)
-            candidates = prune_unknown(candidates, groups, state.read(LOOKUP, NO_LOOKUP),
-                                       lambda c: order(totals(c.key.pod_uid), c), keep)
+        if known is not None:
+            candidates = [*candidates, *unknown_candidates(endpoints, known, pod_level, self._keep,
+                                                           idle_only=idle_only)]
         for scorer in by_slot:
             started = clock()
             scores = scorer.score(req, state, candidates)

@@ -8,7 +8,7 @@ slot-level answers are added per candidate only when some scorer gave a slot a n
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TypeVar
 
 from llamafleet_core.types import SlotRef
@@ -52,14 +52,3 @@ def _weigh(
         total += weight * value
     return total, per
 
-
-def pod_totals(pod_level: Sequence[tuple[str, float, Mapping[str, float]]]) -> Callable[[str], float]:
-    """A pod's weighted total of the pod-level answers, computed once per pod when first asked for."""
-    known: dict[str, float] = {}
-
-    def total(uid: str) -> float:
-        found = known.get(uid)
-        if found is None:
-            found = known[uid] = _weigh(pod_level, uid, 0.0, {})[0]
-        return found
-    return total

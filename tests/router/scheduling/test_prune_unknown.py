@@ -1,4 +1,4 @@
-"""Only the best few slots of the pods nothing is known about are scored (candidates.prune_unknown):
+"""Only the best few slots of the pods nothing is known about are scored (candidates.unknown_candidates):
 the decisions are exactly those of scoring every pod, over random fleets of mixed pod kinds, prefixes
 held in slots, snapshots, conversations and leases another replica holds."""
 
@@ -13,9 +13,9 @@ from llamafleet_core.index.base import IndexUnavailable
 from llamafleet_core.index.memory import InMemoryPrefixIndex
 from llamafleet_core.index.memory_leases import InMemorySlotLeases
 from llamafleet_core.types import Lookup, PromptTags, SlotRef, SnapshotRef
-from llamafleet_router.scheduling.candidates import pod_kind, prune_unknown, slot_groups
+from llamafleet_router.scheduling.candidates import known_pods, pod_kind, slot_groups, unknown_candidates
 from llamafleet_router.scheduling.config import default_config, load_config
-from llamafleet_router.scheduling.framework import Candidate, EndpointState, SchedRequest
+from llamafleet_router.scheduling.framework import EndpointState, SchedRequest
 from llamafleet_router.scheduling.scheduler import Scheduler
 from tests.router.scheduling.fakes import BLOCK_CHARS, MODEL, chain, endpoint, prompt, text_hash
 
@@ -79,7 +79,7 @@ async def populate(rng: random.Random, index: InMemoryPrefixIndex, states: list[
 def scheduler(index: InMemoryPrefixIndex, leases: InMemorySlotLeases, *, prune: bool) -> Scheduler:
     sched = Scheduler(load_config(PIPELINE), index=index, leases=leases, holder_prefix="me")
     if not prune:
-        sched._rank_key = None  # every pod's candidate scored: the reference
+        sched._prunes = False  # every pod's candidate scored: the reference
     return sched
 
 
@@ -132,22 +132,27 @@ async def test_the_default_pipeline_prunes_alike_with_the_index_down(seed: int) 
     for prune in (True, False):
         sched = Scheduler(default_config(), index=_Down(), leases=InMemorySlotLeases(), holder_prefix="me")
         if not prune:
-            sched._rank_key = None
+            sched._prunes = False
         decided.append(outcome(await sched.schedule(req, states)))
     assert decided[0] == decided[1] and decided[0][3] == "degraded_hash"
 
 
-def test_only_unknown_pods_are_pruned_and_each_kind_keeps_its_best() -> None:
+def test_unknown_pods_get_candidates_only_for_the_best_of_each_kind() -> None:
+    """By weighted pod-level total, then uid; pods the lookup or a nomination names are left to
+    `candidates`; each chosen pod's candidate is its idle slot released longest ago."""
     rng = random.Random(1)
     states = fleet(rng)
-    found = [Candidate(s, 0) for s in states]
-    known = {states[0].uid: {0: 3}}
     snap = SnapshotRef("fs-x", states[1].uid, 4, 256, 1000)
-    kept = prune_unknown(found, known, Lookup(snapshots=(snap,)), key=lambda c: (c.key.pod_uid,), keep=2)
-    uids = {c.key.pod_uid for c in kept}
-    assert {states[0].uid, states[1].uid} <= uids  # named by the lookup: never pruned
-    kinds = {pod_kind(s.endpoint) for s in states[2:]}
-    for kind in kinds:
-        mine = sorted(s.uid for s in states[2:] if pod_kind(s.endpoint) == kind)
-        assert sorted(u for u in uids if u in mine) == mine[:2]
+    known = known_pods({states[0].uid: {0: 3}}, Lookup(snapshots=(snap,)))
+    assert known == {states[0].uid, states[1].uid}
+    free = {s.uid: len(s.idle_slots) / SLOTS for s in states}
+    found = unknown_candidates(states, known, [("free", 2.0, free)], keep=2, idle_only=True)
+    uids = [c.key.pod_uid for c in found]
+    assert not known & set(uids) and len(uids) == len(set(uids))
+    for kind in {pod_kind(s.endpoint) for s in states[2:]}:
+        mine = [s for s in states[2:] if pod_kind(s.endpoint) == kind and s.idle_slots]
+        best = sorted(mine, key=lambda s: (-free[s.uid], s.uid))[:2]
+        assert sorted(u for u in uids if u in {s.uid for s in mine}) == sorted(s.uid for s in best)
+    for c in found:
+        assert c.slot in c.state.idle_slots
     assert slot_groups(Lookup(), ()) == {}

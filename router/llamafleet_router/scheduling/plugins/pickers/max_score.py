@@ -17,7 +17,7 @@ Produces: the full ranked list, so the scheduler can move on to the next slot wh
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Literal
 
 from llamafleet_router.scheduling.framework import (
@@ -60,9 +60,9 @@ class MaxScorePicker:
         return sorted(scored, key=lambda s: self._order(s.total, s.candidate))
 
     @property
-    def rank_key(self) -> Callable[[float, Candidate], tuple[float, str, int, int]] | None:
-        """`OrderedPicker`'s key when ties are broken in order; None (no fixed order) when at random."""
-        return self._order if self.params.tie_break == "order" else None
+    def orders_ties_by_pod(self) -> bool:
+        """`OrderedPicker`: true for `tie_break: order` (`_order`: total, then pod uid)."""
+        return self.params.tie_break == "order"
 
     @staticmethod
     def _order(total: float, c: Candidate) -> tuple[float, str, int, int]:
