@@ -82,6 +82,9 @@ class FleetSim:
         self._events: list[tuple[float, int, str, Any]] = []
         self._order = itertools.count()
         self._last_prompt: dict[int, tuple[str, ...]] = {}  # per session: its previous turn's chain
+        # When each pod's slots were last given back (a sequence, as the router's in-flight book keeps it)
+        self._released: dict[str, dict[int, int]] = {}
+        self._releases = itertools.count()
         for _ in range(fleet.pods):
             self._join()
 
@@ -94,7 +97,8 @@ class FleetSim:
         pod = self.pods[uid]
         busy = pod.busy(now)
         endpoint = Endpoint(PodRef(uid, uid, 0), f"http://{uid}:8080", MODEL, pod.n_slots)
-        self.states[uid] = EndpointState(endpoint, busy_slots=busy, in_flight=len(busy))
+        self.states[uid] = EndpointState(endpoint, busy_slots=busy, in_flight=len(busy),
+                                         slot_last_used=dict(self._released.get(uid, {})))
 
     def _at(self, when: float, kind: str, data: Any = None) -> None:
         heapq.heappush(self._events, (when, next(self._order), kind, data))
@@ -173,6 +177,7 @@ class FleetSim:
         if uid in self.pods:  # (a pod that left meanwhile took the slot with it)
             await self.index.record_slot(MODEL, SlotRef(uid, turn.slot), turn.identity.blocks,
                                          len(turn.identity.text) // 4, turn.identity.tags)
+            self._released.setdefault(uid, {})[turn.slot] = next(self._releases)
             self._refresh(uid, now)
         await self.scheduler.release(turn.decision)
         turn.session.answered(turn.question)
@@ -184,6 +189,7 @@ class FleetSim:
     async def _churn(self, now: float) -> None:
         uid = self._rng.choice(sorted(self.pods))
         del self.pods[uid], self.states[uid]
+        self._released.pop(uid, None)
         await self.index.purge_pod(uid)
         self._join()
         self.tally.pods_replaced += 1
