@@ -115,7 +115,10 @@ class Scheduler:
         metrics_hook: MetricsHook | None = None,
         registry: Registry | None = None,
         speeds: SpeedBook | None = None,
+        score_every_pod: bool = False,
     ) -> None:
+        """`score_every_pod`: build and score a candidate of every pod, as with a random picker (the
+        reference the pruning of `unknown_candidates` is checked and measured against)."""
         self.config = config
         # What the action choice weighs per pod: learned from the answers the app feeds it (hooks.py).
         self.speeds = speeds if speeds is not None else (
@@ -135,7 +138,8 @@ class Scheduler:
             for s, w in self.scorers
         ]
         self._weights = {s.name: w for s, w in self.scorers}
-        self._prunes = isinstance(self.picker, OrderedPicker) and self.picker.orders_ties_by_pod
+        self._prunes = (not score_every_pod and isinstance(self.picker, OrderedPicker)
+                        and self.picker.orders_ties_by_pod)
         self._keep = config.leases.max_attempts  # the most candidates placement tries
 
     # ---- the pipeline ------------------------------------------------------------------------

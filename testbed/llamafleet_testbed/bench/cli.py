@@ -134,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--sessions-per-hour", type=float, default=100_000.0)
     s.add_argument("--prefixes", type=int, default=200, help="distinct agent prefixes in the Zipf mix")
     s.add_argument("--churn", type=float, default=60.0, help="pods replaced per simulated hour")
+    s.add_argument("--baseline", action="store_true",
+                   help="run the same traffic again with every pod scored (the scheduler's reference mode)")
     s.add_argument("--out", type=Path, default=Path("bench/results"))
     args = parser.parse_args(args_in)
     if args.command == "simulate":

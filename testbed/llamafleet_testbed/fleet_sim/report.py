@@ -1,12 +1,14 @@
 """`llamafleet bench simulate`: run the fleet simulator on a real Redis and write its figures.
 
     llamafleet bench simulate [--pods 1000] [--slots 4] [--minutes 5] [--sessions-per-hour 100000]
-                              [--prefixes 200] [--out bench/results]
+                              [--prefixes 200] [--baseline] [--out bench/results]
 
 Figures: the decision's p50/p99 (wall clock, `Scheduler.schedule`), Redis commands and bytes per request
 (the lookup, the lease, both slot records and the release: everything the gateway sends for one request),
 Redis memory per 1,000 slot entries and per head seen, the index operations one gateway replica issued
 per second of the run, and the prefill tokens computed against the least any placement could compute.
+`--baseline` runs the same traffic again with every pod's candidate scored (the scheduler's reference
+mode), in the same process, and says whether the decisions were the same.
 """
 
 from __future__ import annotations
@@ -93,14 +95,14 @@ def figures(tally: Tally, before: dict[str, int], after: dict[str, int], keys: i
 
 
 async def simulate(fleet: FleetSpec, traffic: TrafficSpec, timing: ServerTiming, workdir: Path,
-                   say: Any) -> dict[str, Any]:
+                   say: Any, *, score_every_pod: bool = False) -> dict[str, Any]:
     server = RedisServer(workdir / "redis").start()
     client = CountingClient(Address.from_url(server.url), timeout_s=5.0)
     plain = redis.Redis(port=server.port)
     try:
         index = RedisPrefixIndex(client)
         sim = FleetSim(fleet, traffic, timing, index=index, leases=RedisSlotLeases(client),
-                       template=qwen_template())
+                       template=qwen_template(), score_every_pod=score_every_pod)
         before, sent = _redis_counters(plain.info()), client.round_trips
         started = time.perf_counter()
         tally = await sim.run(say)
@@ -136,7 +138,21 @@ def markdown(result: dict[str, Any], fleet: FleetSpec, traffic: TrafficSpec) -> 
         f"| index operations per second, one replica | {r['index_ops_per_s']:,.0f} |",
         f"| prefill tokens against the minimum | {r['prefill_over_minimum']:.2f}x |",
         f"| branches | {', '.join(f'{b} {n}' for b, n in r['branches'].items())} |",
+        *_baseline_rows(r),
     ]) + "\n"
+
+
+def _baseline_rows(r: dict[str, Any]) -> list[str]:
+    """The same traffic with every pod's candidate scored (`--baseline`), in the same process."""
+    base = r.get("baseline")
+    if base is None:
+        return []
+    keys = ("branches", "prefill_tokens_computed")
+    same = all(base[k] == r[k] for k in keys)
+    return [f"| baseline: every pod scored, decision p50 / p99 | {base['decision_p50_ms']:.2f} / "
+            f"{base['decision_p99_ms']:.2f} ms ({base['decision_p50_ms'] / r['decision_p50_ms']:.1f}x / "
+            f"{base['decision_p99_ms'] / r['decision_p99_ms']:.1f}x this run's; "
+            f"{'the same decisions' if same else 'OTHER DECISIONS'}) |"]
 
 
 def main(args: Any) -> int:
@@ -148,6 +164,10 @@ def main(args: Any) -> int:
 
     with tempfile.TemporaryDirectory(prefix="fleet-sim-") as tmp:
         result = asyncio.run(simulate(fleet, traffic, ServerTiming(), Path(tmp), say))
+        if args.baseline:
+            say("the baseline: the same traffic, every pod scored")
+            result["baseline"] = asyncio.run(simulate(fleet, traffic, ServerTiming(), Path(tmp) / "base", say,
+                                                      score_every_pod=True))
     text = markdown(result, fleet, traffic)
     print(text)
     args.out.mkdir(parents=True, exist_ok=True)

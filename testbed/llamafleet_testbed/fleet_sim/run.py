@@ -68,10 +68,12 @@ class _Turn:
 
 class FleetSim:
     def __init__(self, fleet: FleetSpec, traffic: TrafficSpec, timing: ServerTiming, *, index: PrefixIndex,
-                 leases: SlotLeases, template: ChatTemplate) -> None:
+                 leases: SlotLeases, template: ChatTemplate, score_every_pod: bool = False) -> None:
+        """`score_every_pod`: the scheduler's reference mode (`Scheduler`), the simulator's baseline."""
         self.fleet, self.traffic, self.timing = fleet, traffic, timing
         self.index, self.template = index, template
-        self.scheduler = Scheduler(default_config(), index=index, leases=leases, holder_prefix="sim")
+        self.scheduler = Scheduler(default_config(), index=index, leases=leases, holder_prefix="sim",
+                                   score_every_pod=score_every_pod)
         self.profiles = build_prefixes(traffic)
         self.arrivals = Arrivals(traffic)
         self.tally = Tally()

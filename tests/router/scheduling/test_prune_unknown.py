@@ -77,10 +77,8 @@ async def populate(rng: random.Random, index: InMemoryPrefixIndex, states: list[
 
 
 def scheduler(index: InMemoryPrefixIndex, leases: InMemorySlotLeases, *, prune: bool) -> Scheduler:
-    sched = Scheduler(load_config(PIPELINE), index=index, leases=leases, holder_prefix="me")
-    if not prune:
-        sched._prunes = False  # every pod's candidate scored: the reference
-    return sched
+    return Scheduler(load_config(PIPELINE), index=index, leases=leases, holder_prefix="me",
+                     score_every_pod=not prune)
 
 
 def outcome(d: Any) -> tuple[Any, ...]:
@@ -130,9 +128,8 @@ async def test_the_default_pipeline_prunes_alike_with_the_index_down(seed: int) 
                        session_id=f"s{seed % 3}")
     decided = []
     for prune in (True, False):
-        sched = Scheduler(default_config(), index=_Down(), leases=InMemorySlotLeases(), holder_prefix="me")
-        if not prune:
-            sched._prunes = False
+        sched = Scheduler(default_config(), index=_Down(), leases=InMemorySlotLeases(), holder_prefix="me",
+                          score_every_pod=not prune)
         decided.append(outcome(await sched.schedule(req, states)))
     assert decided[0] == decided[1] and decided[0][3] == "degraded_hash"
 
