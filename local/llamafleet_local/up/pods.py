@@ -23,7 +23,7 @@ from llamafleet_core.agent_client import AgentClient
 from llamafleet_core.crd.fleet import LlamaFleetSpec
 from llamafleet_core.features import ServerFeatures
 from llamafleet_core.networks import LOOPBACK_NETWORKS
-from llamafleet_local.redis_server import free_port
+from llamafleet_local.redis_server import free_ports
 from llamafleet_local.up.procs import Child
 from llamafleet_local.up.state import pod_snapshot_dir
 
@@ -51,12 +51,15 @@ class PodLayout:
         return f"http://{HOST}:{self.agent_port}"
 
 
-def layout(fleet: str, index: int, run_dir: Path, state_dir: Path | None = None) -> PodLayout:
+def layout(fleet: str, index: int, run_dir: Path, state_dir: Path | None = None,
+           ports: tuple[int, int] | None = None) -> PodLayout:
     """Pod `index` of `fleet`: its logs in `run_dir`, its snapshots under `state_dir` (default: the run
-    folder, which nothing outlives). The name, `<fleet>-<index>`, is the same in every run, so a pod
-    finds the folder it filled in an earlier run."""
+    folder, which nothing outlives), its server's and agent's `ports` (default: two free ones). The
+    name, `<fleet>-<index>`, is the same in every run, so a pod finds the folder it filled in an
+    earlier run."""
     name = f"{fleet}-{index}"
-    return PodLayout(name, free_port(), free_port(), pod_snapshot_dir(state_dir or run_dir, name), run_dir)
+    server, agent = ports if ports is not None else free_ports(2)
+    return PodLayout(name, server, agent, pod_snapshot_dir(state_dir or run_dir, name), run_dir)
 
 
 def attach(spec: LlamaFleetSpec, features: ServerFeatures | None) -> bool:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
+import socket
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -27,7 +28,7 @@ from llamafleet_core import http_pool
 from llamafleet_core.agent_client import AgentClient
 from llamafleet_core.index.resp import redacted_url
 from llamafleet_core.warming import PrefixSource, WarmPod
-from llamafleet_local.redis_server import RedisServer
+from llamafleet_local.redis_server import RedisServer, free_ports
 from llamafleet_local.up import gateway as gw
 from llamafleet_local.up import shutdown
 from llamafleet_local.up.config import FleetConfig
@@ -129,17 +130,23 @@ class LocalFleet:
         self.manifest_key_file = manifest_key_file(self.state_dir)  # the agents' manifest signatures
         if self.state_dir != self.run_dir:
             self.reporter.say(f"state folder {self.state_dir} (the pods' snapshots, kept from run to run)")
-        # Ports are chosen before the gateway starts, so that it can be told its pods.
-        layouts = [layout(self.config.name, i, self.run_dir, self.state_dir)
-                   for i in range(self.config.fleet.spec.replicas)]
+        # Gateway bound and Redis up first, pods' ports all at once next: chosen beside them one by one,
+        # an agent was once given the port the gateway bound a moment later (a taken --port still fails
+        # before any pod starts, and the gateway is told its pods before it serves).
+        sock = gw.bind("127.0.0.1", self.options.port)
+        self._stack.callback(sock.close)  # serve closes it too; this covers a failure before it serves
+        await self._start_index()
+        replicas = self.config.fleet.spec.replicas
+        ports = free_ports(2 * replicas)
+        layouts = [layout(self.config.name, i, self.run_dir, self.state_dir, (ports[2 * i], ports[2 * i + 1]))
+                   for i in range(replicas)]
         self.pods = [
             LocalPod.build(lay, binary=res.binary, spec=res.spec, model=res.model, fleet=self.config.name,
                            token_file=self.token_file, features=res.features,
                            api_key_file=self.pod_api_key_file, signing_key_file=self.manifest_key_file)
             for lay in layouts
         ]
-        await self._start_index()
-        await self._start_gateway()
+        await self._start_gateway(sock)
         write_state(self)
         await asyncio.gather(*(self._start_pod(pod) for pod in self.pods))
         write_state(self)
@@ -164,9 +171,8 @@ class LocalFleet:
         self.index = gw.open_index(url)
         self.reporter.say(f"index: {redacted_url(url) if url else 'in memory'}")  # never a password
 
-    async def _start_gateway(self) -> None:
+    async def _start_gateway(self, sock: socket.socket) -> None:
         assert self.index is not None
-        sock = gw.bind("127.0.0.1", self.options.port)
         self._log_handler = gw.log_to_file(self.run_dir / "gateway.log")
         pods = [(p.layout.llama_url, p.layout.agent_url) for p in self.pods]
         resolved = self.resolved
