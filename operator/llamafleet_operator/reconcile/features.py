@@ -86,17 +86,12 @@ def candidates(pods: Sequence[P.Pod], spec: LlamaFleetSpec) -> list[P.Pod]:
     (pure), ready ones first. (Not a pod of the previous model while a rollout replaces it.)"""
     out = []
     for pod in pods:
-        pod_spec = pod.get("spec") or {}
-        server = next((c for c in pod_spec.get("containers") or () if c.get("name") == "llama-server"), None)
-        detector = any(c.get("name") == DETECTOR for c in pod_spec.get("initContainers") or ())
+        server = P.server_container(pod)
+        detector = any(c.get("name") == DETECTOR for c in (pod.get("spec") or {}).get("initContainers") or ())
         if P.running(pod) and detector and server is not None and server.get("image") == spec.image and (
-                _arg(server.get("args") or [], "-m") in (None, model_path(spec))):
+                P.server_arg(pod, "-m") in (None, model_path(spec))):
             out.append(pod)
     return sorted(out, key=lambda p: (not P.ready(p), P.name(p)))
-
-
-def _arg(args: Sequence[str], flag: str) -> str | None:
-    return next((args[i + 1] for i, a in enumerate(args[:-1]) if a == flag), None)
 
 
 def from_info(image: str, pod: str, info: Mapping[str, Any], model: str = "") -> ImageFeatures:

@@ -64,13 +64,24 @@ def warm_pod(pod: Pod, api_key: str | None = None) -> WarmPod:
                    agent_url=f"http://{ip}:{agent}", llama_api_key=api_key)
 
 
+def server_container(pod: Pod) -> dict[str, Any] | None:
+    """The pod's llama-server container, as the pod (not its fleet's template) runs it."""
+    containers = (pod.get("spec") or {}).get("containers") or []
+    return next((c for c in containers if c.get("name") == "llama-server"), None)
+
+
 def server_flag(pod: Pod, flag: str) -> bool:
     """Whether this pod's llama-server runs with `flag` (--slot-attach, --cache-prefix). Its own args are
     the truth: during the rollout that turns a flag on, old pods run without it while new ones have it."""
-    for container in (pod.get("spec") or {}).get("containers") or []:
-        if container.get("name") == "llama-server":
-            return flag in (container.get("args") or [])
-    return False
+    server = server_container(pod)
+    return server is not None and flag in (server.get("args") or [])
+
+
+def server_arg(pod: Pod, flag: str) -> str | None:
+    """The value this pod's llama-server is given after `flag` (`-m`: its model file), if any."""
+    server = server_container(pod)
+    args = list(server.get("args") or []) if server is not None else []
+    return next((args[i + 1] for i, a in enumerate(args[:-1]) if a == flag), None)
 
 
 def member(pod: Pod, *, model: str, slots: int, warm: tuple[str, ...]) -> Member:

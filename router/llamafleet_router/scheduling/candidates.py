@@ -25,10 +25,10 @@ taken by another router replica, the scheduler tries the group's other slots in 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Container, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Iterator, Sequence
 
 from llamafleet_core.types import Endpoint, Lookup, SlotRef
-from llamafleet_router.scheduling.framework import Candidate, EndpointState, clamp01
+from llamafleet_router.scheduling.framework import Candidate, EndpointState
 
 # Per pod uid: slot -> group. A group is the run length the lookup gives (> 0; plus `_EXACT` for slots
 # holding the head exactly), or a distinct negative value for a slot on its own; a slot absent from the
@@ -107,11 +107,11 @@ def known_pods(groups: Groups, lookup: Lookup) -> set[str]:
 
 
 def unknown_candidates(
-    endpoints: Sequence[EndpointState], known: Container[str],
-    pod_level: Sequence[tuple[str, float, Mapping[str, float]]], keep: int, *, idle_only: bool,
+    endpoints: Sequence[EndpointState], known: Container[str], pod_total: Callable[[str], float], keep: int,
+    *, idle_only: bool,
 ) -> list[Candidate]:
     """The representative slots of the `keep` best pods of each kind (`pod_kind`) among `endpoints` not
-    in `known`, by their weighted pod-level total, then pod uid (pure).
+    in `known`, by their weighted pod-level total (`pod_total` of the uid), then pod uid (pure).
 
     Every slot-level scorer scores a slot of such a pod by the pod's kind alone, so a picker that ranks
     by total and then pod uid (`OrderedPicker`) ranks them in this order, and the first `keep` of its
@@ -121,13 +121,8 @@ def unknown_candidates(
     by_kind: dict[tuple[bool, ...], list[tuple[float, str, EndpointState]]] = {}
     for s in endpoints:
         uid = s.endpoint.pod.uid
-        if uid in known:
-            continue
-        total = 0.0
-        for _, weight, scores in pod_level:
-            value = scores.get(uid, 0.0)
-            total += weight * (value if 0.0 <= value <= 1.0 else clamp01(value))
-        by_kind.setdefault(pod_kind(s.endpoint), []).append((-round(total, 9), uid, s))
+        if uid not in known:
+            by_kind.setdefault(pod_kind(s.endpoint), []).append((-round(pod_total(uid), 9), uid, s))
     out: list[Candidate] = []
     for pods in by_kind.values():
         for _, _, s in pods if len(pods) <= keep else heapq.nsmallest(keep, pods):

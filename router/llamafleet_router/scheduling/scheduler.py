@@ -58,7 +58,7 @@ from llamafleet_router.scheduling.placement import Placement, queued_decision
 from llamafleet_router.scheduling.plugins.scorers.session_affinity import SessionAffinityScorer
 from llamafleet_router.scheduling.registry import Registry, register_builtin_plugins
 from llamafleet_router.scheduling.speeds import SpeedBook
-from llamafleet_router.scheduling.weighing import weigh_candidates
+from llamafleet_router.scheduling.weighing import weigh_candidates, weighted_total
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +137,6 @@ class Scheduler:
             (s, w, s if isinstance(s, PodScorer) else None, s if isinstance(s, GatedScorer) else None)
             for s, w in self.scorers
         ]
-        self._weights = {s.name: w for s, w in self.scorers}
         self._prunes = (not score_every_pod and isinstance(self.picker, OrderedPicker)
                         and self.picker.orders_ties_by_pod)
         self._keep = config.leases.max_attempts  # the most candidates placement tries
@@ -205,7 +204,7 @@ class Scheduler:
         zero: dict[str, float] = {}
         pod_level: list[tuple[str, float, Mapping[str, float]]] = []
         slot_level: list[tuple[str, float, dict[SlotRef, float]]] = []
-        by_slot: list[Scorer] = []
+        by_slot: list[tuple[Scorer, float]] = []
         for scorer, weight, by_pod, gate in self._plan:
             started = clock()
             if gate is not None and not gate.applies(req, state):
@@ -213,16 +212,18 @@ class Scheduler:
             elif by_pod is not None:
                 pod_level.append((scorer.name, weight, by_pod.score_pods(req, state, endpoints)))
             else:
-                by_slot.append(scorer)
+                by_slot.append((scorer, weight))
             self._report("scorer", scorer.type_name, scorer.name, started)
         if known is not None:
-            candidates = [*candidates, *unknown_candidates(endpoints, known, pod_level, self._keep,
+            def pod_total(uid: str) -> float:
+                return weighted_total(pod_level, uid)
+            candidates = [*candidates, *unknown_candidates(endpoints, known, pod_total, self._keep,
                                                            idle_only=idle_only)]
-        for scorer in by_slot:
+        for scorer, weight in by_slot:
             started = clock()
             scores = scorer.score(req, state, candidates)
             if any(scores.values()):
-                slot_level.append((scorer.name, self._weights[scorer.name], scores))
+                slot_level.append((scorer.name, weight, scores))
             else:
                 zero[scorer.name] = 0.0
             self._report("scorer", scorer.type_name, scorer.name, started)

@@ -45,10 +45,17 @@ def _weigh(
 ) -> tuple[float, dict[str, float]]:
     """Add each scorer's clamped score of `key` to `per` and its weighted value to `total`."""
     for name, weight, scores in answers:
-        value = scores.get(key, 0.0)
-        if not 0.0 <= value <= 1.0:  # out of range or NaN
-            value = clamp01(value)
+        value = _clamped(scores.get(key, 0.0))
         per[name] = value
         total += weight * value
     return total, per
+
+
+def weighted_total(answers: Sequence[tuple[str, float, Mapping[K, float]]], key: K) -> float:
+    """The weighted total of `key`'s clamped scores, without the per-scorer record (`_weigh`'s sum)."""
+    return sum(weight * _clamped(scores.get(key, 0.0)) for _, weight, scores in answers)
+
+
+def _clamped(value: float) -> float:
+    return value if 0.0 <= value <= 1.0 else clamp01(value)  # out of range or NaN
 

@@ -143,7 +143,7 @@ def test_unknown_pods_get_candidates_only_for_the_best_of_each_kind() -> None:
     known = known_pods({states[0].uid: {0: 3}}, Lookup(snapshots=(snap,)))
     assert known == {states[0].uid, states[1].uid}
     free = {s.uid: len(s.idle_slots) / SLOTS for s in states}
-    found = unknown_candidates(states, known, [("free", 2.0, free)], keep=2, idle_only=True)
+    found = unknown_candidates(states, known, lambda uid: 2.0 * free[uid], keep=2, idle_only=True)
     uids = [c.key.pod_uid for c in found]
     assert not known & set(uids) and len(uids) == len(set(uids))
     for kind in {pod_kind(s.endpoint) for s in states[2:]}:
