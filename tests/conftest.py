@@ -5,5 +5,6 @@ Fixtures live in `tests/fixtures/` (one module per component of the bed) and are
 """
 
 pytest_plugins = [
-    "tests.fixtures.redis", "tests.fixtures.redis_ha", "tests.fixtures.llama", "tests.fixtures.bed_guard",
+    "tests.fixtures.redis", "tests.fixtures.redis_ha", "tests.fixtures.redis_cluster", "tests.fixtures.llama",
+    "tests.fixtures.bed_guard",
 ]

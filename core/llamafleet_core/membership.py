@@ -5,14 +5,20 @@ list pods, and no watch per replica; it already reads Redis for the prefix index
 already knows what a router cannot see from a pod object alone (which pods hold the fleet's shared
 prefixes, the slot count, whether attach is on). The operator is the only writer.
 
-Key schema (`P` = prefix, default `lf`, the index's; `F` = `namespace/fleet`):
+Key schema (`P` = prefix, default `lf`, the index's; `F` = `namespace/fleet`; `M` = `P:{membership}`,
+whose braces are a Redis Cluster hash tag: the MULTI below spans keys, which a Cluster allows only
+within one hash slot):
 
-- `P:members:{F}`   HASH pod uid -> JSON member (below). Rewritten whole on every fleet reconcile (DEL +
+- `M:members:{F}`   HASH pod uid -> JSON member (below). Rewritten whole on every fleet reconcile (DEL +
                     HSET in one MULTI), so a pod that left disappears at once. No expiry: routers keep
-                    routing to the last known pods while the operator restarts; `P:members-at:{F}`
+                    routing to the last known pods while the operator restarts; `M:members-at:{F}`
                     (STRING, ms since 1970) says how fresh the hash is.
-- `P:fleets`        SET of every `F` with a membership hash (for routers that serve all fleets).
+- `M:fleets`        SET of every `F` with a membership hash (for routers that serve all fleets).
 - channel `P:members`  PUBLISH of `F` after every change, so routers refresh without waiting for a poll.
+
+Releases before the hash tag wrote the same keys under `P:` itself. A router reads those while a fleet
+has no tagged hash yet, and the operator deletes them at its first write, so a gateway and an operator
+upgraded in either order keep routing.
 
 A member (JSON, camelCase): `name`, `uid` (the Kubernetes pod uid), `ip`, `port` (llama-server),
 `agentPort`, `slots`, `model`, `ready` (Ready in Kubernetes: containers ready AND the fleet's shared
@@ -29,8 +35,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-import redis.asyncio as aioredis
-
+from llamafleet_core.index.redis_conn import RedisLike
 from llamafleet_core.membership_signing import Scope, seal
 from llamafleet_core.networks import url_host
 from llamafleet_core.types import Endpoint, PodRef
@@ -100,39 +105,48 @@ def fleet_id(namespace: str, fleet: str) -> str:
     return f"{namespace}/{fleet}"
 
 
+def _tagged(prefix: str) -> str:
+    return f"{prefix}:{{membership}}"
+
+
 def members_key(namespace: str, fleet: str, prefix: str = DEFAULT_PREFIX) -> str:
-    return f"{prefix}:members:{fleet_id(namespace, fleet)}"
+    return f"{_tagged(prefix)}:members:{fleet_id(namespace, fleet)}"
 
 
-async def write_members(redis: aioredis.Redis, namespace: str, fleet: str, members: Sequence[Member],
+async def write_members(redis: RedisLike, namespace: str, fleet: str, members: Sequence[Member],
                         *, prefix: str = DEFAULT_PREFIX, signing_key: bytes = b"") -> bool:
     """Replace the fleet's membership (each entry signed with `signing_key` unless b""); returns
     whether it changed (and routers were notified)."""
     key = members_key(namespace, fleet, prefix)
     scope = Scope(prefix, namespace, fleet)
     wanted = {m.uid: seal(encode(m), scope, signing_key) if signing_key else encode(m) for m in members}
-    current = {_text(k): _text(v) for k, v in (await redis.hgetall(key)).items()}
+    stored = await _hash(redis, key)
     fid = fleet_id(namespace, fleet)
+    # What routers read now: an older operator's untagged hash while there is no tagged one.
+    current = stored or await _hash(redis, f"{prefix}:members:{fid}")
     async with redis.pipeline(transaction=True) as pipe:
-        if current != wanted:
+        if stored != wanted:
             pipe.delete(key)
             if wanted:
                 pipe.hset(key, mapping=cast(Mapping[Any, Any], wanted))
-        pipe.sadd(f"{prefix}:fleets", fid)
-        pipe.set(f"{prefix}:members-at:{fid}", str(int(time.time() * 1000)))
+        pipe.sadd(f"{_tagged(prefix)}:fleets", fid)
+        pipe.set(f"{_tagged(prefix)}:members-at:{fid}", str(int(time.time() * 1000)))
         await pipe.execute()
+    await _drop_untagged(redis, prefix, fid)
     if current != wanted:
         await redis.publish(f"{prefix}:members", fid)
     return current != wanted
 
 
-async def read_entries(redis: aioredis.Redis, namespace: str, fleet: str,
+async def read_entries(redis: RedisLike, namespace: str, fleet: str,
                        *, prefix: str = DEFAULT_PREFIX) -> list[str]:
-    """The fleet's entries as stored (JSON text), unchecked."""
-    return [_text(raw) for raw in (await redis.hgetall(members_key(namespace, fleet, prefix))).values()]
+    """The fleet's entries as stored (JSON text), unchecked; the untagged hash of an older operator while
+    there is no tagged one."""
+    found = await _hash(redis, members_key(namespace, fleet, prefix))
+    return list((found or await _hash(redis, f"{prefix}:members:{fleet_id(namespace, fleet)}")).values())
 
 
-async def read_members(redis: aioredis.Redis, namespace: str, fleet: str,
+async def read_members(redis: RedisLike, namespace: str, fleet: str,
                        *, prefix: str = DEFAULT_PREFIX) -> list[Member]:
     """The fleet's pods, ordered by name, signatures unchecked (the router checks them:
     discovery/signatures.py); malformed entries are skipped, not fatal."""
@@ -145,23 +159,37 @@ async def read_members(redis: aioredis.Redis, namespace: str, fleet: str,
     return sorted(out, key=lambda m: m.name)
 
 
-async def remove_fleet(redis: aioredis.Redis, namespace: str, fleet: str,
+async def remove_fleet(redis: RedisLike, namespace: str, fleet: str,
                        *, prefix: str = DEFAULT_PREFIX) -> None:
     fid = fleet_id(namespace, fleet)
     async with redis.pipeline(transaction=True) as pipe:
-        pipe.delete(members_key(namespace, fleet, prefix), f"{prefix}:members-at:{fid}")
-        pipe.srem(f"{prefix}:fleets", fid)
+        pipe.delete(members_key(namespace, fleet, prefix), f"{_tagged(prefix)}:members-at:{fid}")
+        pipe.srem(f"{_tagged(prefix)}:fleets", fid)
         await pipe.execute()
+    await _drop_untagged(redis, prefix, fid)
     await redis.publish(f"{prefix}:members", fid)
 
 
-async def list_fleets(redis: aioredis.Redis, *, prefix: str = DEFAULT_PREFIX) -> list[tuple[str, str]]:
+async def list_fleets(redis: RedisLike, *, prefix: str = DEFAULT_PREFIX) -> list[tuple[str, str]]:
     """(namespace, fleet) of every fleet with a membership hash."""
     out = []
-    for raw in await redis.smembers(f"{prefix}:fleets"):
+    names = await redis.smembers(f"{_tagged(prefix)}:fleets") | await redis.smembers(f"{prefix}:fleets")
+    for raw in names:
         namespace, _, fleet = _text(raw).partition("/")
         out.append((namespace, fleet))
     return sorted(out)
+
+
+async def _hash(redis: RedisLike, key: str) -> dict[str, str]:
+    return {_text(k): _text(v) for k, v in (await redis.hgetall(key)).items()}
+
+
+async def _drop_untagged(redis: RedisLike, prefix: str, fid: str) -> None:
+    """Delete an older operator's untagged keys of the fleet, one command each: on a Cluster they hash
+    to other slots than the MULTI's."""
+    await redis.delete(f"{prefix}:members:{fid}")
+    await redis.delete(f"{prefix}:members-at:{fid}")
+    await redis.srem(f"{prefix}:fleets", fid)
 
 
 def _text(value: str | bytes) -> str:

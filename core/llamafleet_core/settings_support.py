@@ -12,13 +12,18 @@ from typing import Annotated
 from pydantic import AfterValidator, BeforeValidator, SecretStr, ValidationError
 from pydantic_settings import NoDecode
 
+from llamafleet_core.index.cluster import is_cluster_url, parse_cluster_url
 from llamafleet_core.index.resp import Address
 from llamafleet_core.model_fleets import parse_model_fleets
 from llamafleet_core.networks import check_networks, split_list
 
 
 def _redis_url(value: str) -> str:
-    Address.from_url(value)  # the index's own client: a URL it cannot use fails at start, by name
+    # The index's own client: a URL it cannot use fails at start, by name.
+    if is_cluster_url(value):
+        parse_cluster_url(value)
+    else:
+        Address.from_url(value)
     return value
 
 

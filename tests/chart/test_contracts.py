@@ -172,11 +172,16 @@ def test_external_redis_from_a_secret_replaces_the_bundled_one(helm: Helm) -> No
     assert all("redis" not in p["metadata"]["name"] for p in by_kind(objs, "NetworkPolicy"))
 
 
-def test_an_external_redis_under_sentinel_is_one_url_for_gateway_and_operator(helm: Helm) -> None:
-    """A Sentinel URL passes the values schema and reaches the gateway and the operator as is (the index
-    and membership clients ask the Sentinels for the master); the egress policy lets them reach the
-    Sentinels' port. A URL of another scheme is refused by the schema."""
-    url = "redis+sentinel://sentinel-0.redis:26379,sentinel-1.redis:26379/mymaster/0"
+@pytest.mark.parametrize(("url", "port"), [
+    ("redis+sentinel://sentinel-0.redis:26379,sentinel-1.redis:26379/mymaster/0", 26379),
+    ("redis+cluster://:pw@redis-0.redis:6379,redis-1.redis:6379", 6379),
+    ("rediss+cluster://redis-0.redis:6380", 6380),
+])
+def test_an_external_sentinel_or_cluster_is_one_url_for_gateway_and_operator(
+        helm: Helm, url: str, port: int) -> None:
+    """A Sentinel or Cluster URL passes the values schema and reaches the gateway and the operator as is
+    (the index and membership clients ask the Sentinels for the master, or the Cluster for its slot map);
+    the egress policy lets them reach its port. A URL of another scheme is refused by the schema."""
     escaped = url.replace(",", "\\,")  # --set splits at commas
     objs = helm.template(sets=("redis.enabled=false", f"redis.external.url={escaped}"))
     for name in ("gateway", "operator"):
@@ -184,5 +189,5 @@ def test_an_external_redis_under_sentinel_is_one_url_for_gateway_and_operator(he
         assert url in env(container).values(), name
     ports = [p["port"] for pol in by_kind(objs, "NetworkPolicy") for rule in pol["spec"].get("egress") or ()
              for p in rule.get("ports") or ()]
-    assert 26379 in ports
+    assert port in ports
     assert "redis.external.url" in helm.template_error("redis.enabled=false", "redis.external.url=memcached://x")

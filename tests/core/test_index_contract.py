@@ -63,7 +63,8 @@ class Backend:
     elapse: Callable[[float], Awaitable[None]]
 
 
-@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
+@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis),
+                        pytest.param("cluster", marks=pytest.mark.redis)])
 async def backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
     if request.param == "memory":
         clock = FakeClock()
@@ -76,7 +77,10 @@ async def backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
 
         yield Backend("memory", make_memory(), InMemorySlotLeases(clock=clock), make_memory, advance)
         return
-    url: str = request.getfixturevalue("redis_url")
+    # "cluster": every contract also holds on a Redis Cluster (3 masters; hash tags keep each
+    # operation on one shard, and the models' keys spread over the shards).
+    url: str = (request.getfixturevalue("redis_cluster").url if request.param == "cluster"
+                else request.getfixturevalue("redis_url"))
     client = connect_index(url)
     prefix = f"t-{uuid.uuid4().hex[:12]}"  # isolates this test's keys in the shared server
 
@@ -85,7 +89,7 @@ async def backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
 
     try:
         leases = RedisSlotLeases(client, prefix=prefix)
-        yield Backend("redis", make_redis(), leases, make_redis, asyncio.sleep)
+        yield Backend(request.param, make_redis(), leases, make_redis, asyncio.sleep)
     finally:
         await client.aclose()
 

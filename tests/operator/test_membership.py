@@ -40,3 +40,25 @@ async def test_membership_replaced_whole_when_pods_change(redis_url: str) -> Non
         assert await membership.list_fleets(client, prefix=prefix) == []
     finally:
         await client.aclose()
+
+
+@pytest.mark.redis
+async def test_an_older_operators_untagged_membership_is_read_until_the_first_write(redis_url: str) -> None:
+    """Keys written before the hash tag (`P:members:F`, `P:fleets`) keep routers routing across an
+    upgrade in either order; the first tagged write deletes them, and a removed fleet stays removed."""
+    prefix = f"t{uuid.uuid4().hex[:8]}"
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        await client.hset(f"{prefix}:members:ns/old", A.uid, membership.encode(A))
+        await client.sadd(f"{prefix}:fleets", "ns/old")
+        assert await membership.read_members(client, "ns", "old", prefix=prefix) == [A]
+        assert await membership.list_fleets(client, prefix=prefix) == [("ns", "old")]
+        assert not await membership.write_members(client, "ns", "old", [A], prefix=prefix)  # same pods
+        assert await client.exists(f"{prefix}:members:ns/old", f"{prefix}:fleets") == 0
+        assert await membership.read_members(client, "ns", "old", prefix=prefix) == [A]
+        await client.hset(f"{prefix}:members:ns/old", B.uid, membership.encode(B))  # a stale writer
+        await membership.remove_fleet(client, "ns", "old", prefix=prefix)
+        assert await membership.read_members(client, "ns", "old", prefix=prefix) == []
+        assert await membership.list_fleets(client, prefix=prefix) == []
+    finally:
+        await client.aclose()

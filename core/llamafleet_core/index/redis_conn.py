@@ -11,30 +11,40 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
 
 from llamafleet_core.index.base import IndexUnavailable
-from llamafleet_core.index.resp import RespClient, RespError
+from llamafleet_core.index.cluster import ClusterURL, is_cluster_url, parse_cluster_url
+from llamafleet_core.index.resp import IndexClient, RespClient, RespError
+from llamafleet_core.index.resp_cluster import ClusterClient
 from llamafleet_core.index.sentinel import is_sentinel_url, parse_sentinel_url
 
 T = TypeVar("T")
 DEFAULT_OP_TIMEOUT_S = 1.0
 
 
-def connect_index(url: str, *, timeout_s: float = 0.5) -> RespClient:
-    """The client `RedisPrefixIndex` and `RedisSlotLeases` run on: the lean pipelined one (`resp.py`),
-    failing fast (a reply later than `timeout_s` counts as Redis down), since the router would rather
-    route without the index now than wait for it."""
+RedisLike = aioredis.Redis | RedisCluster  # what `connect` gives: one Redis (or Sentinel's master), a Cluster
+
+
+def connect_index(url: str, *, timeout_s: float = 0.5) -> IndexClient:
+    """The client `RedisPrefixIndex` and `RedisSlotLeases` run on: the lean pipelined one (`resp.py`;
+    `resp_cluster.py` for a Cluster URL), failing fast (a reply later than `timeout_s` counts as Redis
+    down), since the router would rather route without the index now than wait for it."""
+    if is_cluster_url(url):
+        return ClusterClient.from_url(url, timeout_s=timeout_s)
     return RespClient.from_url(url, timeout_s=timeout_s)
 
 
-def connect(url: str, *, timeout_s: float = 0.5) -> aioredis.Redis:
+def connect(url: str, *, timeout_s: float = 0.5) -> RedisLike:
     """A redis-py client for everything off the request path (membership): short socket timeouts and
     one immediate retry, which re-dials a pooled connection that died with a restarted server. A
     Sentinel URL (sentinel.py) gives redis-py's own master client, which asks the Sentinels again on
-    every new connection."""
+    every new connection; a Cluster URL (cluster.py) redis-py's cluster client."""
+    if is_cluster_url(url):
+        return _cluster(parse_cluster_url(url), timeout_s)
     if is_sentinel_url(url):
         found = parse_sentinel_url(url)
         watched = found.sentinels
@@ -55,6 +65,17 @@ def connect(url: str, *, timeout_s: float = 0.5) -> aioredis.Redis:
     return client
 
 
+def _cluster(found: ClusterURL, timeout_s: float) -> RedisCluster:
+    tls: dict[str, Any] = {}
+    if found.tls:
+        tls = {"ssl": True, "ssl_cert_reqs": found.tls_options.get("ssl_cert_reqs", "required"),
+               "ssl_ca_certs": found.tls_options.get("ssl_ca_certs")}
+    return RedisCluster(
+        startup_nodes=[ClusterNode(host, port) for host, port in found.seeds], username=found.username,
+        password=found.password, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
+        retry=Retry(NoBackoff(), 1), **tls)
+
+
 def decoded(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -66,7 +87,7 @@ def ms(seconds: float) -> int:
 class RedisBase:
     """What both Redis classes share: the injected client, the prefix and error translation."""
 
-    def __init__(self, client: RespClient, prefix: str, op_timeout_s: float) -> None:
+    def __init__(self, client: IndexClient, prefix: str, op_timeout_s: float) -> None:
         self._client = client
         self._prefix = prefix
         self._op_timeout_s = op_timeout_s

@@ -3,7 +3,10 @@
 The slot leases (`redis_leases`) share these keys' prefix; both run on the clients of `redis_conn`.
 
 Key schema (`P` = prefix, default `lf`; `M` = the model name, percent-encoded so that `:` in a model
-name cannot make two models share keys):
+name cannot make two models share keys, and `{`/`}` cannot end its hash tag). Every key of one model
+starts `P:{M}:` (written `P:M:` below): the braces are a Redis Cluster hash tag, so one model's keys
+share a hash slot and each script stays one round trip on one shard (on a single Redis they are only
+part of the name). A model's keys are on one shard; a cluster spreads models, not one model's lookups.
 
 - `P:M:b:{hash}`      ZSET, members `pod_uid#slot` (`SlotRef.key()`), score = the entry's deadline
                       (server ms). Scoring by deadline rather than last use lets every reader filter
@@ -19,21 +22,30 @@ name cannot make two models share keys):
                       which of the query's blocks end a snapshot.
 - `P:M:snaps`         HASH snapshot id -> JSON of the SnapshotRef plus its deadline. A snapshot id is
                       the JSON `[pod_uid, name]`, so no separator can be ambiguous.
-- `P:pod:{uid}`       SET of JSON references to the pod's entries in every model, for `purge_pod`.
-- `P:lease:{slotkey}` STRING holder, with PX expiry.
+- `P:M:pod:{uid}`     SET of JSON references to the pod's entries in the model, for `purge_pod`.
+- `P:models`          SET, no TTL: the bases of the models that have had entries (each writer adds its
+                      model's at most once a minute), so `purge_pod` finds a pod's sets in every model
+                      without a cross-slot script. A model's base stays after its entries expired; an
+                      expiry could not follow the entries written after the last SADD, and a fleet
+                      serves a handful of models (purge then costs one empty script for it).
+- `P:lease:{slotkey}` STRING holder, with PX expiry (a key per slot: leases spread over the shards).
 - `P:M:fam:{family}:heads`, `...:points` ZSETs of a head family's latest heads and divergence points
                       (JSON members), scored by time, bounded, with the snapshot TTL.
 - `P:instance`        STRING, no TTL: the index's present life; a new value means it lost its entries.
+                      On a Cluster it is the life of the one shard that holds it: a shard that comes
+                      back empty with no replica promoted in its place goes unnoticed (run replicas).
 
-Every key gets a PEXPIRE no shorter than its longest-lived entry, so abandoned entries vanish on their
-own; readers additionally ignore members whose deadline has passed. All times come from the Redis
-server's clock. Any failure (connection refused, timeout, a command error) surfaces as
-`IndexUnavailable`, the router's cue to route without the index.
+Every key but `P:models` and `P:instance` gets a PEXPIRE no shorter than its longest-lived entry, so
+abandoned entries vanish on their own; readers additionally ignore members whose deadline has passed.
+All times come from the Redis server's clock. Any failure (connection refused, timeout, a command
+error) surfaces as `IndexUnavailable`, the router's cue to route without the index.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import time
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -50,7 +62,7 @@ from llamafleet_core.index.base import (
     snapshot_order,
 )
 from llamafleet_core.index.redis_conn import DEFAULT_OP_TIMEOUT_S, RedisBase, connect_index, decoded, ms
-from llamafleet_core.index.resp import LuaScript, RespClient
+from llamafleet_core.index.resp import IndexClient, LuaScript
 from llamafleet_core.types import (
     DivergencePoint,
     HeadFamily,
@@ -70,6 +82,7 @@ _PURGE_POD = LuaScript(redis_lua.PURGE_POD)
 _RECORD_HEAD = LuaScript(redis_lua.RECORD_HEAD)
 _FAMILY = LuaScript(redis_lua.FAMILY)
 _INSTANCE = LuaScript(redis_lua.INSTANCE)
+_REMEMBER_EVERY_S = 60.0  # how often a writer re-adds its model to `P:models` (it may have been lost)
 _MAX_POINTS_PER_CALL = 98  # the script orders one call's points by score offsets below 99
 _MAX_CACHED = 65_536  # parsed slot keys and snapshot payloads kept per index (a fleet has fewer)
 _NO_TAGS = PromptTags()
@@ -107,7 +120,7 @@ class RedisPrefixIndex(RedisBase):
 
     def __init__(
         self,
-        client: RespClient,
+        client: IndexClient,
         *,
         prefix: str = DEFAULT_PREFIX,
         slot_ttl_s: float = DEFAULT_SLOT_TTL_S,
@@ -120,6 +133,7 @@ class RedisPrefixIndex(RedisBase):
         self._refs: dict[str, SlotRef] = {}
         self._groups: dict[bytes, tuple[SlotRef, ...]] = {}
         self._snaps: dict[str, SnapshotRef] = {}
+        self._remembered: dict[str, float] = {}  # model base -> when this index last added it to P:models
 
     @classmethod
     def from_url(cls, url: str, *, timeout_s: float = 0.5, **kwargs: Any) -> RedisPrefixIndex:
@@ -129,18 +143,32 @@ class RedisPrefixIndex(RedisBase):
         return index
 
     def _base(self, model: str) -> str:
-        return f"{self._prefix}:{quote(model, safe='')}:"
+        return f"{self._prefix}:{{{quote(model, safe='')}}}:"
 
-    def _pod_key(self, pod_uid: str) -> str:
-        return f"{self._prefix}:pod:{quote(pod_uid, safe='')}"
+    @staticmethod
+    def _pod_key(base: str, pod_uid: str) -> str:
+        return f"{base}pod:{quote(pod_uid, safe='')}"
+
+    async def _remember(self, base: str) -> None:
+        """Add the model to `P:models` before its first entry (and again every minute, in case Redis
+        lost the set), so that `purge_pod` knows where to look. A failure raises, like the write would:
+        an entry `purge_pod` could not find must not be written."""
+        if time.monotonic() - self._remembered.get(base, -_REMEMBER_EVERY_S) < _REMEMBER_EVERY_S:
+            return
+        await self._call(lambda: self._client.execute("SADD", self._models_key(), base))
+        self._remembered[base] = time.monotonic()
+
+    def _models_key(self) -> str:
+        return f"{self._prefix}:models"
 
     async def lookup(self, model: str, blocks: Sequence[str], tags: PromptTags | None = None) -> Lookup:
         if not blocks:
             return Lookup()
         width, *packed = _packed(blocks)
         tags = tags or _NO_TAGS
-        args = [self._base(model), width, tags.conversation or "", tags.head or "", tags.head_blocks, *packed]
-        raw = await self._call(lambda: self._client.run_script(_LOOKUP, (), args))
+        keys = [self._base(model)]
+        args = [width, tags.conversation or "", tags.head or "", tags.head_blocks, *packed]
+        raw = await self._call(lambda: self._client.run_script(_LOOKUP, keys, args))
         slots: dict[SlotRef, int] = {}
         for i in range(3, len(raw) - 1, 2):
             group = raw[i + 1]
@@ -184,11 +212,15 @@ class RedisPrefixIndex(RedisBase):
         self, model: str, slot: SlotRef, blocks: Sequence[str], n_tokens: int, tags: PromptTags | None = None
     ) -> None:
         tags = tags or _NO_TAGS
+        base = self._base(model)
+        if blocks:
+            await self._remember(base)
+        keys = [base, self._pod_key(base, slot.pod_uid)]
         args: list[str | int] = [
-            self._base(model), self._pod_key(slot.pod_uid), slot.key(), ms(self.slot_ttl_s), n_tokens,
-            tags.conversation or "", tags.head or "", *_packed(blocks),
+            slot.key(), ms(self.slot_ttl_s), n_tokens, tags.conversation or "", tags.head or "",
+            *_packed(blocks),
         ]
-        await self._call(lambda: self._client.run_script(_RECORD_SLOT, (), args))
+        await self._call(lambda: self._client.run_script(_RECORD_SLOT, keys, args))
 
     async def forget_slot(self, model: str, slot: SlotRef) -> None:
         await self.record_slot(model, slot, (), 0)
@@ -200,29 +232,37 @@ class RedisPrefixIndex(RedisBase):
              "n_tokens": snap.n_tokens, "size_bytes": snap.size_bytes, "last_block": snap.last_block,
              "n_chars": snap.n_chars, "text_hash": snap.text_hash}
         )
-        args: list[str | int] = [
-            self._base(model), self._pod_key(snap.pod_uid), json.dumps([snap.pod_uid, snap.name]),
-            ms(self.snapshot_ttl_s), payload, snap.last_block,
-        ]
-        await self._call(lambda: self._client.run_script(_RECORD_SNAPSHOT, (), args))
+        base = self._base(model)
+        await self._remember(base)
+        keys = [base, self._pod_key(base, snap.pod_uid)]
+        args: list[str | int] = [json.dumps([snap.pod_uid, snap.name]), ms(self.snapshot_ttl_s), payload,
+                                 snap.last_block]
+        await self._call(lambda: self._client.run_script(_RECORD_SNAPSHOT, keys, args))
 
     async def forget_snapshot(self, model: str, name: str, pod_uid: str) -> None:
-        args = [self._base(model), self._pod_key(pod_uid), json.dumps([pod_uid, name])]
-        await self._call(lambda: self._client.run_script(_FORGET_SNAPSHOT, (), args))
+        base = self._base(model)
+        keys = [base, self._pod_key(base, pod_uid)]
+        args = [json.dumps([pod_uid, name])]
+        await self._call(lambda: self._client.run_script(_FORGET_SNAPSHOT, keys, args))
 
     async def snapshots(self, model: str, pod_uid: str | None = None) -> list[SnapshotRef]:
-        raw = await self._call(lambda: self._client.run_script(_SNAPSHOTS, (), [self._base(model)]))
+        raw = await self._call(lambda: self._client.run_script(_SNAPSHOTS, [self._base(model)]))
         found = [_snapshot_from_json(r) for r in raw]
         return sorted((s for s in found if pod_uid is None or s.pod_uid == pod_uid),
                       key=lambda s: (s.name, s.pod_uid))
 
     async def purge_pod(self, pod_uid: str) -> int:
-        removed = await self._call(lambda: self._client.run_script(_PURGE_POD, (), [self._pod_key(pod_uid)]))
-        return int(removed)
+        """One script per model with entries (`P:models`): each model's keys are on a shard of their own."""
+        bases = await self._call(lambda: self._client.execute("SMEMBERS", self._models_key()))
+        removed = 0
+        for base in sorted(map(decoded, bases)):
+            purge = functools.partial(self._client.run_script, _PURGE_POD, [self._pod_key(base, pod_uid)])
+            removed += int(await self._call(purge))
+        return removed
 
     async def instance(self) -> str:
-        args = [f"{self._prefix}:instance", uuid.uuid4().hex]
-        return decoded(await self._call(lambda: self._client.run_script(_INSTANCE, (), args)))
+        keys, args = [f"{self._prefix}:instance"], [uuid.uuid4().hex]
+        return decoded(await self._call(lambda: self._client.run_script(_INSTANCE, keys, args)))
 
     def _family_keys(self, model: str, family: str) -> tuple[str, str]:
         base = f"{self._base(model)}fam:{quote(family, safe='')}:"
@@ -232,15 +272,16 @@ class RedisPrefixIndex(RedisBase):
         self, model: str, family: str, head: HeadRecord, points: Sequence[DivergencePoint] = (),
     ) -> None:
         members = [json.dumps([p.chars, p.from_end, p.text_hash]) for p in dict.fromkeys(points)]
+        keys = list(self._family_keys(model, family))
         args: list[str | int] = [
-            *self._family_keys(model, family), ms(self.snapshot_ttl_s), FAMILY_HEADS, FAMILY_POINTS,
+            ms(self.snapshot_ttl_s), FAMILY_HEADS, FAMILY_POINTS,
             json.dumps([head.n_chars, head.text_hash, list(head.cuts)]), *members[:_MAX_POINTS_PER_CALL],
         ]
-        await self._call(lambda: self._client.run_script(_RECORD_HEAD, (), args))
+        await self._call(lambda: self._client.run_script(_RECORD_HEAD, keys, args))
 
     async def family(self, model: str, family: str) -> HeadFamily:
         keys = list(self._family_keys(model, family))
-        raw = await self._call(lambda: self._client.run_script(_FAMILY, (), keys))
+        raw = await self._call(lambda: self._client.run_script(_FAMILY, keys))
         heads = [json.loads(decoded(r)) for r in raw[0]]
         points = [json.loads(decoded(r)) for r in raw[1]]
         return HeadFamily(tuple(HeadRecord(tuple(b), int(n), str(h)) for n, h, b in heads),

@@ -11,7 +11,7 @@ from urllib.parse import quote
 
 from llamafleet_core.index.base import DEFAULT_PREFIX
 from llamafleet_core.index.redis_conn import DEFAULT_OP_TIMEOUT_S, RedisBase, decoded, ms
-from llamafleet_core.index.resp import LuaScript, RespClient
+from llamafleet_core.index.resp import IndexClient, LuaScript
 from llamafleet_core.types import SlotRef
 
 # KEYS: lease key; ARGV: holder, ttl ms -> 1 if the holder now holds it. The current holder refreshes.
@@ -34,7 +34,7 @@ class RedisSlotLeases(RedisBase):
 
     def __init__(
         self,
-        client: RespClient,
+        client: IndexClient,
         *,
         prefix: str = DEFAULT_PREFIX,
         op_timeout_s: float = DEFAULT_OP_TIMEOUT_S,

@@ -1,8 +1,9 @@
 """Lua scripts of the Redis prefix index (see `redis_index` for the key schema they implement).
 
-Each public operation is one script, so it is atomic and costs one round trip. Scripts build key names
-from a per-model base passed in ARGV rather than KEYS: a slot's old blocks are only known inside Redis,
-so this targets a single Redis (or a primary with replicas), not Redis Cluster.
+Each public operation is one script, so it is atomic and costs one round trip. A script gets its model's
+base (or a key under it) as KEYS[1] and builds the other key names from it: a slot's old blocks are only
+known inside Redis. The base carries a hash tag (`P:{M}:`), so on Redis Cluster every key a script
+touches lives in the hash slot of KEYS[1], the slot a cluster client sends the script to.
 
 Time is the server's (`TIME`), not the caller's: router replicas with skewed clocks then agree on what
 has expired.
@@ -43,27 +44,27 @@ local function add_member(key, deadline, member, now, ttl)
 end
 """
 
-# ARGV: base, pod set key, slot key, ttl ms, n_tokens, conversation tag, head tag ('' for none), width,
-# then the block hashes (one string of fixed-width hashes when width > 0, as in LOOKUP) -> number of
-# blocks recorded. The tags go to the slot's hash, `conv:{tag}` -> slot key and the set `head:{tag}`;
-# a record without them (or with others) drops the old ones (a conversation's pointer only while it
-# still names this slot).
+# KEYS: base, the pod's set in this model; ARGV: slot key, ttl ms, n_tokens, conversation tag, head tag
+# ('' for none), width, then the block hashes (one string of fixed-width hashes when width > 0, as in
+# LOOKUP) -> number of blocks recorded. The tags go to the slot's hash, `conv:{tag}` -> slot key and
+# the set `head:{tag}`; a record without them (or with others) drops the old ones (a conversation's
+# pointer only while it still names this slot).
 # A slot re-recorded within the first tenth of its TTL (a session's next turn: the same prefix plus a
 # new tail) only adds its new blocks: refreshing all 240 block sets cost ~4 commands each. The slot's
 # stored `deadline` stays the EARLIEST deadline of its blocks, so the next record after that tenth
 # refreshes everything and no block outlives its slot or expires under a live one.
 RECORD_SLOT = PRELUDE + """
-local base, podkey, member, ttl, ntok = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
-local conv, head, width = ARGV[6], ARGV[7], tonumber(ARGV[8])
+local base, podkey, member, ttl, ntok = KEYS[1], KEYS[2], ARGV[1], tonumber(ARGV[2]), ARGV[3]
+local conv, head, width = ARGV[4], ARGV[5], tonumber(ARGV[6])
 local now = now_ms()
 local deadline = now + ttl
 local skey = base .. 'slot:' .. member
 local new, chain = {}, {}
 if width > 0 then
-  local blob = ARGV[9]
+  local blob = ARGV[7]
   for i = 1, math.floor(#blob / width) do chain[i] = string.sub(blob, (i - 1) * width + 1, i * width) end
 else
-  for i = 9, #ARGV do chain[#chain + 1] = ARGV[i] end
+  for i = 7, #ARGV do chain[#chain + 1] = ARGV[i] end
 end
 if #chain == 0 then conv, head = '', '' end
 untag(base, skey, member, conv, head)
@@ -101,7 +102,7 @@ extend(podkey, ttl)
 return #chain
 """
 
-# ARGV: base, width, conversation tag, head tag ('' for none), head blocks, then the block hashes: when
+# KEYS: base; ARGV: width, conversation tag, head tag ('' for none), head blocks, then the block hashes: when
 # width > 0, ONE string of fixed-width hashes (the common case: packing 240 separate arguments cost the
 # client more than the whole script costs Redis), else one argument per hash.
 #   -> {"snapshot json\n...", "slotkey of the conversation's slot, or empty",
@@ -116,13 +117,13 @@ return #chain
 # so a group that a whole set makes up is joined in C (`table.concat`), not member by member in Lua.
 # Snapshots: one SMISMEMBER finds which query blocks end some snapshot; only those are read.
 LOOKUP = PRELUDE + """
-local base, width, conv, head, hb = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4], tonumber(ARGV[5])
+local base, width, conv, head, hb = KEYS[1], tonumber(ARGV[1]), ARGV[2], ARGV[3], tonumber(ARGV[4])
 local q = {}
 if width > 0 then
-  local blob = ARGV[6]
+  local blob = ARGV[5]
   for i = 1, math.floor(#blob / width) do q[i] = string.sub(blob, (i - 1) * width + 1, i * width) end
 else
-  for i = 6, #ARGV do q[#q + 1] = ARGV[i] end
+  for i = 5, #ARGV do q[#q + 1] = ARGV[i] end
 end
 local n = #q
 local now = now_ms()
@@ -221,9 +222,9 @@ for i = 1, #groups do reply[i + 3] = groups[i] end
 return reply
 """
 
-# ARGV: pod set key -> how many live entries were removed
+# KEYS: the pod's set in one model -> how many live entries were removed
 PURGE_POD = PRELUDE + """
-local podkey = ARGV[1]
+local podkey = KEYS[1]
 local now = now_ms()
 local removed = 0
 for _, e in ipairs(redis.call('SMEMBERS', podkey)) do
@@ -253,18 +254,18 @@ redis.call('DEL', podkey)
 return removed
 """
 
-# ARGV: heads key, points key, ttl ms, max heads, max points, the head member, then the point members
+# KEYS: heads key, points key; ARGV: ttl ms, max heads, max points, the head member, then the point members
 # (newest first). Each list is a ZSET scored by time (now * 100, minus the member's place in this call,
 # so one call's members keep their order): ZADD moves a member seen again to the front, and
 # ZREMRANGEBYRANK keeps the newest. The points live as long as the family's latest head.
 RECORD_HEAD = PRELUDE + """
-local hkey, pkey, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3])
-local max_heads, max_points = tonumber(ARGV[4]), tonumber(ARGV[5])
+local hkey, pkey, ttl = KEYS[1], KEYS[2], tonumber(ARGV[1])
+local max_heads, max_points = tonumber(ARGV[2]), tonumber(ARGV[3])
 local score = now_ms() * 100
-redis.call('ZADD', hkey, score + 99, ARGV[6])
+redis.call('ZADD', hkey, score + 99, ARGV[4])
 redis.call('ZREMRANGEBYRANK', hkey, 0, -(max_heads + 1))
 redis.call('PEXPIRE', hkey, ttl)
-for i = 7, #ARGV do redis.call('ZADD', pkey, score + 98 - (i - 7), ARGV[i]) end
+for i = 5, #ARGV do redis.call('ZADD', pkey, score + 98 - (i - 5), ARGV[i]) end
 if redis.call('EXISTS', pkey) == 1 then
   redis.call('ZREMRANGEBYRANK', pkey, 0, -(max_points + 1))
   redis.call('PEXPIRE', pkey, ttl)
@@ -272,16 +273,16 @@ end
 return 1
 """
 
-# ARGV: heads key, points key -> {heads newest first, points newest first}.
+# KEYS: heads key, points key -> {heads newest first, points newest first}.
 FAMILY = """
-return {redis.call('ZREVRANGE', ARGV[1], 0, -1), redis.call('ZREVRANGE', ARGV[2], 0, -1)}
+return {redis.call('ZREVRANGE', KEYS[1], 0, -1), redis.call('ZREVRANGE', KEYS[2], 0, -1)}
 """
 
-# ARGV: the instance key, a fresh token -> the key's value, set to the token first when missing (no
-# TTL: it goes only with the rest of the data, when Redis restarts empty or is flushed).
+# KEYS: the instance key; ARGV: a fresh token -> the key's value, set to the token first when missing
+# (no TTL: it goes only with the rest of the data, when Redis restarts empty or is flushed).
 INSTANCE = """
-local v = redis.call('GET', ARGV[1])
+local v = redis.call('GET', KEYS[1])
 if v then return v end
-redis.call('SET', ARGV[1], ARGV[2])
-return ARGV[2]
+redis.call('SET', KEYS[1], ARGV[1])
+return ARGV[1]
 """

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from llamafleet_core.index.redis_lua import PRELUDE
 
-# ARGV: base, pod set key, snapshot id, ttl ms, snapshot json (no deadline), last block
+# KEYS: base, the pod's set in this model; ARGV: snapshot id, ttl ms, snapshot json (no deadline), last block
 RECORD_SNAPSHOT = PRELUDE + """
-local base, podkey, id, ttl, payload, last = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5], ARGV[6]
+local base, podkey, id, ttl, payload, last = KEYS[1], KEYS[2], ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
 local now = now_ms()
 local deadline = now + ttl
 local catalog = base .. 'snaps'
@@ -31,9 +31,9 @@ extend(podkey, ttl)
 return 1
 """
 
-# ARGV: base, pod set key, snapshot id
+# KEYS: base, the pod's set in this model; ARGV: snapshot id
 FORGET_SNAPSHOT = PRELUDE + """
-local base, podkey, id = ARGV[1], ARGV[2], ARGV[3]
+local base, podkey, id = KEYS[1], KEYS[2], ARGV[1]
 local catalog = base .. 'snaps'
 local old = redis.call('HGET', catalog, id)
 if old then
@@ -44,10 +44,10 @@ redis.call('SREM', podkey, cjson.encode({'n', base, id}))
 return old and 1 or 0
 """
 
-# ARGV: base -> live snapshot payloads; expired ones are deleted on the way (the catalog is one hash
+# KEYS: base -> live snapshot payloads; expired ones are deleted on the way (the catalog is one hash
 # whose fields cannot expire on their own in Redis 7.0).
 SNAPSHOTS = PRELUDE + """
-local catalog = ARGV[1] .. 'snaps'
+local catalog = KEYS[1] .. 'snaps'
 local now = now_ms()
 local live = {}
 local all = redis.call('HGETALL', catalog)

@@ -27,7 +27,7 @@ import ssl
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import hiredis
@@ -81,8 +81,8 @@ class Address:
         parts = urlsplit(url)
         query = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
         if parts.scheme not in ("redis", "rediss", "unix"):
-            raise ValueError(
-                f"Redis URL scheme must be redis, rediss, unix or redis+sentinel, not {parts.scheme!r}")
+            raise ValueError(f"Redis URL scheme must be redis, rediss, unix, redis+sentinel or "
+                             f"redis+cluster/rediss+cluster, not {parts.scheme!r}")
         unknown = set(query) - {"db", "password", "username", "ssl_cert_reqs", "ssl_ca_certs"}
         if unknown:
             raise ValueError(f"unsupported Redis URL option(s): {', '.join(sorted(unknown))}")
@@ -94,7 +94,7 @@ class Address:
             raise ValueError(f"bad Redis URL {redacted_url(url)!r}: {exc}") from None
         username = unquote(parts.username) if parts.username else query.get("username")
         password = unquote(parts.password) if parts.password is not None else query.get("password")
-        tls = _tls_context(query) if parts.scheme == "rediss" else None
+        tls = tls_context(query) if parts.scheme == "rediss" else None
         if parts.scheme == "unix":
             if not parts.path:
                 raise ValueError("a unix:// Redis URL needs a socket path")
@@ -103,7 +103,7 @@ class Address:
                    password=password or None, tls=tls)
 
 
-def _tls_context(query: dict[str, str]) -> ssl.SSLContext:
+def tls_context(query: dict[str, str]) -> ssl.SSLContext:
     ctx = ssl.create_default_context(cafile=query.get("ssl_ca_certs") or None)
     reqs = query.get("ssl_cert_reqs", "required").lower()
     if reqs not in ("none", "optional", "required"):
@@ -126,6 +126,20 @@ def redacted_url(url: str) -> str:
     return _SECRET_OPTIONS.sub(r"\1***", url)
 
 
+class IndexClient(Protocol):
+    """What the index and the leases run on: `RespClient` (one Redis, or a Sentinel-watched master) or
+    `resp_cluster.ClusterClient` (a Redis Cluster). A script's first key says where it runs."""
+
+    async def execute(self, *args: Any) -> Any: ...
+
+    async def run_script(
+        self, script: LuaScript, keys: Sequence[Any] = (), args: Sequence[Any] = ()) -> Any: ...
+
+    async def ping(self) -> bool: ...
+
+    async def aclose(self) -> None: ...
+
+
 class RespClient:
     """A pipelined client over one connection; see the module docstring for its failure behaviour."""
 
@@ -141,15 +155,20 @@ class RespClient:
     def from_url(cls, url: str, *, timeout_s: float = 0.5, redial_s: float = 0.2) -> RespClient:
         return cls(Address.from_url(url), timeout_s=timeout_s, redial_s=redial_s)
 
-    async def execute(self, *args: Any) -> Any:
+    async def execute(self, *args: Any, asking: bool = False) -> Any:
         """Send one command and return its reply (bytes, int, list, None); a `RespError` for an error
-        reply; `ConnectionError` or `TimeoutError` when Redis cannot answer."""
+        reply; `ConnectionError` or `TimeoutError` when Redis cannot answer. `asking`: `ASKING` first, on
+        the same connection right before it (a Cluster's `ASK` redirect, resp_cluster.py); nothing can
+        come between, since both are written before this coroutine yields."""
         conn = self._conn
         if conn is None or conn.closed:
             conn = await self._connect()
+        asked = conn.send(pack(("ASKING",))) if asking else None
         waiter = conn.send(pack(args))
         try:
             async with asyncio.timeout(self.timeout_s):
+                if asked is not None:
+                    await asked
                 reply = await waiter
         except TimeoutError:
             conn.close(TimeoutError("redis did not answer in time"))
@@ -162,14 +181,15 @@ class RespClient:
             raise RespError(str(reply))
         return reply
 
-    async def run_script(self, script: LuaScript, keys: Sequence[Any] = (), args: Sequence[Any] = ()) -> Any:
+    async def run_script(self, script: LuaScript, keys: Sequence[Any] = (), args: Sequence[Any] = (),
+                         *, asking: bool = False) -> Any:
         """EVALSHA, falling back to EVAL (which also caches it) when Redis does not know the script."""
         try:
-            return await self.execute("EVALSHA", script.sha, len(keys), *keys, *args)
+            return await self.execute("EVALSHA", script.sha, len(keys), *keys, *args, asking=asking)
         except RespError as exc:
             if not str(exc).startswith("NOSCRIPT"):
                 raise
-        return await self.execute("EVAL", script.source, len(keys), *keys, *args)
+        return await self.execute("EVAL", script.source, len(keys), *keys, *args, asking=asking)
 
     async def ping(self) -> bool:
         return bool(await self.execute("PING"))

@@ -69,7 +69,8 @@ def parse_sentinel_url(url: str) -> SentinelURL:
     if not at:
         hosts, userinfo = netloc, ""
     username, _, password = userinfo.partition(":") if userinfo else ("", "", "")
-    nodes = tuple(_node(part) for part in hosts.split(",") if part.strip())
+    nodes = tuple(host_port(part, DEFAULT_SENTINEL_PORT, "Sentinel")
+                  for part in hosts.split(",") if part.strip())
     if not nodes:
         raise ValueError("a Sentinel URL names at least one Sentinel (host:port)")
     service, _, db_text = path.partition("/")
@@ -84,19 +85,21 @@ def parse_sentinel_url(url: str) -> SentinelURL:
                        unquote(password) or query.get("password") or None)
 
 
-def _node(part: str) -> tuple[str, int]:
+def host_port(part: str, default_port: int, what: str) -> tuple[str, int]:
+    """One `host[:port]` of a URL that names several servers (this one's Sentinels, a Cluster URL's
+    seed nodes); `what` names them in the error."""
     host, colon, port_text = part.strip().rpartition(":")
     if not colon:
         host, port_text = port_text, ""
     host = host.strip("[]")  # an IPv6 literal
     if not host:
-        raise ValueError(f"a Sentinel needs a host: {part!r}")
+        raise ValueError(f"a {what} needs a host: {part!r}")
     try:
-        port = int(port_text) if port_text else DEFAULT_SENTINEL_PORT
+        port = int(port_text) if port_text else default_port
     except ValueError:
-        raise ValueError(f"bad Sentinel port in {part!r}") from None
+        raise ValueError(f"bad {what} port in {part!r}") from None
     if not 0 < port < 65536:
-        raise ValueError(f"bad Sentinel port in {part!r}")
+        raise ValueError(f"bad {what} port in {part!r}")
     return host, port
 
 

@@ -9,12 +9,12 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import httpx
-import redis.asyncio as aioredis
 from pydantic import ValidationError
 
 from llamafleet_core.agent_client import AgentClient
 from llamafleet_core.agent_tokens import namespace_token
 from llamafleet_core.index.base import PrefixIndex
+from llamafleet_core.index.redis_conn import RedisLike
 from llamafleet_core.warming import WarmResult
 from llamafleet_operator.kube import Kube
 from llamafleet_operator.reconcile import pods as P
@@ -62,7 +62,7 @@ class Context:
     """The routers' prefix hash key (settings' `resolved_prefix_key`): warming records their hashes."""
     membership_key: bytes = b""
     """The key membership entries are signed with (settings' `resolved_membership_key`); b"": unsigned."""
-    redis: aioredis.Redis | None = None
+    redis: RedisLike | None = None
     index: PrefixIndex | None = None
     warm_results: dict[str, tuple[int | str | None, WarmResult]] = field(default_factory=dict)
     """SharedPrefix uid -> (revision, last result): lets a timer tick warm only the pods that are new

@@ -24,11 +24,11 @@ import logging
 from collections.abc import Mapping, Sequence
 
 import httpx
-import redis.asyncio as aioredis
 from prometheus_client import Gauge
 from redis.exceptions import RedisError
 
 from llamafleet_core.agent_tokens import AgentTokens
+from llamafleet_core.index.redis_conn import RedisLike
 from llamafleet_core.membership import DEFAULT_PREFIX, Member, fleet_id, list_fleets, read_entries
 from llamafleet_router.background import cancel_and_wait
 from llamafleet_router.discovery.addresses import MemberGate
@@ -60,7 +60,7 @@ def wanted_specs(members: Sequence[Member], fleet_of: Mapping[str, str] | None =
 class MembershipDiscovery:
     def __init__(
         self,
-        redis_client: aioredis.Redis,
+        redis_client: RedisLike,
         fleets: Sequence[str],
         http: httpx.AsyncClient,
         *,

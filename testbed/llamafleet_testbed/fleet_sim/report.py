@@ -58,9 +58,9 @@ class CountingClient(RespClient):
         super().__init__(*args, **kwargs)
         self.round_trips = 0
 
-    async def execute(self, *args: Any) -> Any:
-        self.round_trips += 1
-        return await super().execute(*args)
+    async def execute(self, *args: Any, asking: bool = False) -> Any:
+        self.round_trips += 1 + asking
+        return await super().execute(*args, asking=asking)
 
 
 def _redis_counters(info: dict[str, Any]) -> dict[str, int]:
