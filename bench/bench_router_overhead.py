@@ -2,7 +2,9 @@
 
 One run starts, each in its own process: a stub llama-server (`stub_backend.py`), a real redis-server,
 the llamafleet gateway twice (`llamafleet router --index memory`, and `--redis URL`), sglang-router with
-its cache-aware policy (when installed), and a load client (this file with `--client`, aiohttp). The
+its cache-aware policy (when installed), and a load client (this file with `--client`, aiohttp). With
+`--gateway-workers 1 2 4` the Redis gateway is one setup per worker count (`--workers N`,
+`llamafleet-redis-wN`; N = 1 is the single process), all in the same rounds. The
 client keeps `--concurrency` streams open (a closed loop) and measures, per request, the time to the
 first event that carries generated text (TTFT; see ANSWERING below) and to the end of the stream
 (total). Each batch goes to one setup; setups and prompts are interleaved in rounds, in a rotated order,
@@ -20,6 +22,10 @@ the model's chat template and hashes it). Two loads:
   behind the router's CPU, and requests per second and router CPU per request are the useful figures.
 
     .venv/bin/python bench/bench_router_overhead.py [--rounds 5] [--requests 192] [--stream-ms 500]
+    .venv/bin/python bench/bench_router_overhead.py --modes saturated --prompts agent \
+        --gateway-workers 1 2 4 --out bench/results/router_workers.json
+
+A setup's CPU is its whole process tree's (a supervisor and its workers), read from /proc.
 """
 
 from __future__ import annotations
@@ -154,9 +160,24 @@ def client_main() -> None:
 
 
 def cpu_seconds(pid: int) -> float:
-    """utime + stime of a process (all its threads), from /proc (Linux)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """utime + stime of a process (all its threads) and of its descendants, those alive and those it
+    has waited for (cutime + cstime), from /proc (Linux): a supervisor's setup is charged its workers."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0  # gone between listing and reading
+    ticks = sum(int(f) for f in fields[11:15])
+    return ticks / os.sysconf("SC_CLK_TCK") + sum(cpu_seconds(child) for child in children(pid))
+
+
+def children(pid: int) -> list[int]:
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            found += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return found
 
 
 def pct(samples: list[float], q: float) -> float:
@@ -205,9 +226,11 @@ def log_tail(path: Path, lines: int = 15) -> str:
 
 
 def wait_ready(
-    url: str, name: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 60.0
+    url: str, name: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 60.0,
+    health_url: str | None = None,
 ) -> None:
-    """Until one streamed chat request through `url` answers 200 (the gateway needs its first poll)."""
+    """Until one streamed chat request through `url` answers 200 (the gateway needs its first poll),
+    and `health_url` (a supervisor's: 200 once every worker is healthy) does too."""
     body = bodies("small", 1)[0]
     deadline = time.monotonic() + timeout
     last = ""
@@ -216,7 +239,11 @@ def wait_ready(
             raise RuntimeError(f"{name} exited at start (code {proc.returncode}):\n{log_tail(log)}")
         try:
             r = httpx.post(url, content=body, headers={"content-type": "application/json"}, timeout=5)
-            if r.status_code == 200 and b"[DONE]" in r.content:
+            ok = r.status_code == 200 and b"[DONE]" in r.content
+            if ok and health_url is not None:
+                r = httpx.get(health_url, timeout=5)
+                ok = r.status_code == 200
+            if ok:
                 return
             last = f"{r.status_code} {r.text[:200]}"
         except httpx.HTTPError as exc:
@@ -257,13 +284,22 @@ def start_setups(fleet: Fleet, redis_url: str, args: argparse.Namespace) -> dict
     lf = [sys.executable, "-m", "llamafleet_cli.cli", "router", "--pods", upstream]
     if args.router_log_level:
         lf += ["--log-level", args.router_log_level.upper()]
-    routers = {"llamafleet-memory": [*lf, "--index", "memory"],
-               "llamafleet-redis": [*lf, "--redis", redis_url]}
+    routers = {"llamafleet-memory": [*lf, "--index", "memory"]}
     envs: dict[str, dict[str, str]] = {}
+    health: dict[str, str] = {}
+    for n in args.gateway_workers:
+        name = "llamafleet-redis" if args.gateway_workers == [1] else f"llamafleet-redis-w{n}"
+        routers[name] = [*lf, "--redis", redis_url]
+        if n > 1:
+            routers[name] += ["--workers", str(n)]
+            metrics_port = free_port()  # the supervisor's: its /health says when every worker is up
+            envs[name] = {**os.environ, "LLAMAFLEET_ROUTER_METRICS_PORT": str(metrics_port)}
+            health[name] = f"http://127.0.0.1:{metrics_port}/health"
     if args.baseline is not None:
         env = checkout_env(args.baseline)
         for index in ("memory", "redis"):
-            routers[f"baseline-{index}"] = routers[f"llamafleet-{index}"]
+            routers[f"baseline-{index}"] = [*lf, "--index", "memory"] if index == "memory" else [
+                *lf, "--redis", redis_url]
             envs[f"baseline-{index}"] = env
     if args.sglang:
         sgl = [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
@@ -283,7 +319,8 @@ def start_setups(fleet: Fleet, redis_url: str, args: argparse.Namespace) -> dict
         setups[name] = (f"http://127.0.0.1:{port}/v1/chat/completions", proc.pid)
     for name, (url, _) in setups.items():
         proc_name = "stub" if name == "direct" else name
-        wait_ready(url, name, fleet.procs[proc_name], fleet.workdir / f"{proc_name}.log")
+        wait_ready(url, name, fleet.procs[proc_name], fleet.workdir / f"{proc_name}.log",
+                   health_url=health.get(name))
     return setups
 
 
@@ -314,7 +351,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 httpx.post(f"{stub_url}/stub/config", json={"stream_ms": loads[mode]}, timeout=5)
                 n = args.requests if mode == "paced" else args.saturated_requests
                 for rnd in range(args.rounds):
-                    for prompt in PROMPTS:
+                    for prompt in args.prompts:
                         names = list(setups)
                         order = names[rnd % len(names):] + names[: rnd % len(names)]
                         for name in order:
@@ -395,6 +432,9 @@ def main() -> None:
     p.add_argument("--stream-ms", type=float, default=500.0, help="stream duration of the paced load")
     p.add_argument("--slots", type=int, default=64, help="the stub pod's total_slots")
     p.add_argument("--modes", nargs="+", choices=["paced", "saturated"], default=["paced", "saturated"])
+    p.add_argument("--prompts", nargs="+", choices=PROMPTS, default=list(PROMPTS))
+    p.add_argument("--gateway-workers", nargs="+", type=int, default=[1], metavar="N",
+                   help="run the Redis gateway once per worker count (--workers N), e.g. 1 2 4")
     p.add_argument("--router-log-level", help="pass --log-level to both routers (default: theirs)")
     p.add_argument("--no-sglang", dest="sglang", action="store_false")
     p.add_argument("--no-floors", dest="floors", action="store_false",
@@ -418,6 +458,7 @@ def main() -> None:
     meta = {"rounds": args.rounds, "requests": args.requests, "saturated_requests": args.saturated_requests,
             "concurrency": args.concurrency, "stream_ms": args.stream_ms, "slots": args.slots,
             "router_log_level": args.router_log_level, "cpus": os.cpu_count(),
+            "modes": args.modes, "prompts": args.prompts, "gateway_workers": args.gateway_workers,
             "baseline": None if args.baseline is None else revision(args.baseline),
             "python": platform.python_version(), "seconds": round(time.time() - started, 1),
             "goal": {"added_p50_ttft_ms": 1.0, "added_p99_ttft_ms": 5.0, "load": "paced"}}

@@ -2,6 +2,9 @@
 
     llamafleet router --pods http://10.0.0.5:8080,http://10.0.0.6:8080|http://10.0.0.6:8090 \
         --redis redis://redis:6379/0 --config pipeline.yaml --api-keys-file keys.txt --port 8000
+
+With `--workers N` (N > 1) this process supervises N worker processes instead (`supervisor/`), each
+of which runs the gateway below (`run`) on the same port.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -47,6 +51,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--config", dest="config_file", type=Path, help="scheduling pipeline YAML")
     p.add_argument("--host")
     p.add_argument("--port", type=int)
+    p.add_argument("--workers", type=int,
+                   help="gateway processes sharing the port (default 1; more than 1 needs the Redis index)")
     p.add_argument("--api-keys-file", type=Path, help="file of `name:key` lines")
     p.add_argument("--agent-token-file", type=Path,
                    help="the pods' snapshot agents' shared token (turns snapshot restore and first sight on)")
@@ -80,7 +86,12 @@ def build_index(settings: RouterSettings) -> tuple[PrefixIndex, SlotLeases, Any]
     return InMemoryPrefixIndex(), InMemorySlotLeases(), None
 
 
-async def run(settings: RouterSettings) -> None:
+async def run(
+    settings: RouterSettings, *, client_socket: socket.socket | None = None,
+    metrics_socket: socket.socket | None = None,
+) -> None:
+    """The gateway, on `settings.host:port` (and `metrics_port`), or on the sockets given: a worker's
+    (the shared client port, its private metrics port)."""
     index, leases, redis_client = build_index(settings)
     specs = settings.pod_specs
     pod_key = settings.resolved_pod_api_key()  # llama-server's own key, if the pods run with one
@@ -113,8 +124,8 @@ async def run(settings: RouterSettings) -> None:
     freezer = asyncio.create_task(freeze_heap_when_started(server), name="gc-freeze")
     try:
         # /metrics and the detailed /health without a key, on their own port (metrics_port.py).
-        async with metrics_port(server, app.state.metrics_app, settings):
-            await server.serve()
+        async with metrics_port(server, app.state.metrics_app, settings, metrics_socket):
+            await server.serve(sockets=None if client_socket is None else [client_socket])
     finally:
         freezer.cancel()
         await index.close()
@@ -154,6 +165,10 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(settings.log_level)
     if settings.discovery == "static" and not settings.pods:
         log.warning("no pods configured (--pods or LLAMAFLEET_ROUTER_PODS): every request will get 503")
+    if settings.workers > 1:
+        from llamafleet_router.supervisor.run import supervise
+
+        return supervise(settings)
     with contextlib.suppress(KeyboardInterrupt), asyncio.Runner(loop_factory=loop_factory()) as runner:
         runner.run(run(settings))
     return 0

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Mapping
 from contextvars import ContextVar
 from typing import Any
 
@@ -28,8 +29,12 @@ _STANDARD = set(logging.makeLogRecord({}).__dict__) | {"message", "asctime", "ta
 
 
 class JsonFormatter(logging.Formatter):
-    """One JSON object per line: ts, level, logger, msg, request_id (and client_request_id), then the
-    `extra=` fields."""
+    """One JSON object per line: ts, level, logger, msg, the process's own `fields` (a worker's index),
+    request_id (and client_request_id), then the `extra=` fields."""
+
+    def __init__(self, fields: Mapping[str, Any] | None = None) -> None:
+        super().__init__()
+        self._fields = dict(fields or {})
 
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {
@@ -38,6 +43,7 @@ class JsonFormatter(logging.Formatter):
             "level": record.levelname.lower(),
             "logger": record.name,
             "msg": record.getMessage(),
+            **self._fields,
         }
         request_id = getattr(record, "request_id", None) or request_id_var.get()
         if request_id:
@@ -55,10 +61,11 @@ class JsonFormatter(logging.Formatter):
             return json.dumps(entry, default=str)
 
 
-def configure_logging(level: str = "INFO") -> None:
-    """Route the `llamafleet_router` loggers (and uvicorn's) through one JSON handler on stderr."""
+def configure_logging(level: str = "INFO", fields: Mapping[str, Any] | None = None) -> None:
+    """Route the `llamafleet_router` loggers (and uvicorn's) through one JSON handler on stderr; every
+    line carries `fields` (the workers of one pod share its log stream: each names itself)."""
     handler = logging.StreamHandler()
-    handler.setFormatter(JsonFormatter())
+    handler.setFormatter(JsonFormatter(fields))
     for name in ("llamafleet_router", "uvicorn", "uvicorn.error", "uvicorn.access"):
         logger = logging.getLogger(name)
         logger.handlers = [handler]

@@ -34,6 +34,10 @@ class RouterSettings(BaseSettings):
     host: str = "127.0.0.1"
     #: Port to listen on.
     port: int = Field(default=8000, ge=0, le=65535)
+    #: Gateway processes serving `port` together (SO_REUSEPORT), under a supervisor that restarts them
+    #: and alone serves `metrics_port`, merging their metrics (`supervisor/`). Each worker is a replica
+    #: of its own (leases, per-key limits, session affinity), so more than 1 needs index=redis.
+    workers: int = Field(default=1, ge=1, le=64)
     #: Static pods: comma-separated llama-server URLs, each optionally followed by `|agent_url` and then
     #: `|attach` when the pod runs the patched `--slot-attach`, `|attach+cache-prefix` with
     #: `--cache-prefix` too.
@@ -94,7 +98,8 @@ class RouterSettings(BaseSettings):
     #: and the client gets a 502 (streamed answers are relayed chunk by chunk and never held whole).
     max_response_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
     #: Requests per minute per API key name, comma-separated: a number for every key and `name:N` for
-    #: one key (0 or empty: no limit). Counted per gateway replica; past it 429 with `retry-after`.
+    #: one key (0 or empty: no limit). Counted per gateway replica (each of `workers` is one); past it
+    #: 429 with `retry-after`.
     key_requests_per_minute: Annotated[list[str], NoDecode] = Field(default_factory=list)
     #: Completion tokens per minute per API key name (same form): each request is charged its
     #: `max_tokens` (or `key_default_max_tokens`) when it is admitted. Per replica.
@@ -267,6 +272,10 @@ class RouterSettings(BaseSettings):
             raise ValueError("index=redis needs redis_url")
         if self.discovery == "redis" and not self.redis_url:
             raise ValueError("discovery=redis needs redis_url")
+        if self.workers > 1 and self.index != "redis":
+            raise ValueError(f"workers={self.workers} needs index=redis (redis_url): with the memory "
+                             "index each worker would route by a private index and private slot leases, "
+                             "and two workers would pin requests to one slot")
         return self
 
     def resolved_agent_token(self) -> str | None:
