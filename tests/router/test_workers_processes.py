@@ -119,6 +119,13 @@ async def pod_url() -> AsyncIterator[str]:
         yield url
 
 
+async def reap(gw: Gateway) -> None:
+    """Kill the supervisor if a failed test left it running (its workers follow it: the lifeline)."""
+    if gw.process.returncode is None:
+        gw.process.kill()
+        await gw.process.wait()
+
+
 async def stop(gw: Gateway) -> int:
     if gw.process.returncode is None:
         gw.process.send_signal(signal.SIGTERM)
@@ -184,9 +191,7 @@ async def test_two_workers_share_the_port_merge_their_metrics_restart_and_stop_c
             with pytest.raises(httpx.ConnectError):
                 await http.get(gw.url + "/health", timeout=2.0)
     finally:
-        if gw.process.returncode is None:
-            gw.process.kill()
-            await gw.process.wait()
+        await reap(gw)
 
 
 @pytest.mark.redis
@@ -204,9 +209,7 @@ async def test_workers_that_keep_dying_at_start_fail_the_gateway(
         assert code == 1, gw.log_tail()
         assert "exited 5 times before it answered" in gw.log_tail()
     finally:
-        if gw.process.returncode is None:
-            gw.process.kill()
-            await gw.process.wait()
+        await reap(gw)
 
 
 @pytest.mark.redis
@@ -229,6 +232,4 @@ async def test_no_worker_outlives_a_killed_supervisor(redis_url: str, pod_url: s
             with pytest.raises(httpx.ConnectError):
                 await http.get(gw.url + "/health", timeout=2.0)
     finally:
-        if gw.process.returncode is None:
-            gw.process.kill()
-            await gw.process.wait()
+        await reap(gw)
