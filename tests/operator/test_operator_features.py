@@ -20,7 +20,6 @@ from typing import Any
 import gguf
 import httpx
 import pytest
-import redis.asyncio as aioredis
 import uvicorn
 from prometheus_client import CollectorRegistry
 
@@ -28,6 +27,7 @@ from llamafleet_agent import AgentSettings, create_app
 from llamafleet_core import labels as L
 from llamafleet_core import membership
 from llamafleet_core.agent_tokens import namespace_token
+from llamafleet_core.index.redis_conn import connect
 from llamafleet_local.redis_server import free_port
 from llamafleet_operator.settings import OperatorSettings
 from tests.agent.test_app_offline import PropsOnly as NoServer  # no slot operation is expected
@@ -121,13 +121,14 @@ def image_features(api: KubeEmulator) -> dict[str, Any] | None:
 
 
 async def test_auto_attach_turns_on_when_a_pod_agent_reports_the_image_supports_it(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, redis_url: str) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, any_redis_url: str) -> None:
     """auto, kvUnified unset: off (per-slot streams) while unknown; a pod's agent reports --slot-attach and
     --cache-prefix; status records them for the image; the Deployment is re-rendered with both flags
     over one KV pool sized for the head once (server) and --attach --kv-unified (agent); membership
     says which pods really run with them; a new image drops the record and the flags until its own
     pods report."""
     prefix = f"t{uuid.uuid4().hex[:8]}"
+    redis_url = any_redis_url  # one Redis, and a Redis Cluster: the operator writes to either
     async with emulated_api(tmp_path) as (api, kubeconfig):
         monkeypatch.setenv("KUBECONFIG", kubeconfig)
         settings = OperatorSettings(kubeconfig=kubeconfig, namespaces=[NS], redis_url=redis_url,
@@ -174,7 +175,7 @@ async def test_auto_attach_turns_on_when_a_pod_agent_reports_the_image_supports_
             # The old pod runs without the flag, a pod of the new template with it: membership tells apart.
             await patch_spec(api, "llamafleets", "tiny", {"replicas": 2})
             await realize_pod(api, "tiny-1", deploy, port1)
-            client = aioredis.Redis.from_url(redis_url)
+            client = connect(redis_url)
             try:
                 async def attach_by_pod() -> dict[str, tuple[bool, bool]] | None:
                     members = await membership.read_members(client, NS, "tiny", prefix=prefix)
