@@ -2,12 +2,13 @@
 
 Discrete events in simulated time: a session arrives, a turn is sent, a turn ends, a pod leaves and
 another joins. A turn is rendered by the gateway's own code (`chat_identity`) and scheduled by its own
-`Scheduler` (the default pipeline, the prefix index and the slot leases on the given Redis) over endpoint
-states kept as the router keeps them (each pod's busy slots and in-flight count). The slot records are
-the router's own calls: a provisional one at dispatch and the real one after the answer, then the lease
-goes back. Only the decision (`Scheduler.schedule`) is timed, on the wall clock; simulated time costs
-nothing, so an hour of a 1,000-pod fleet runs in minutes. A leaving pod's entries are purged, as
-discovery's fence does, and its sessions find their slots gone.
+`Scheduler` (the default pipeline, the prefix index and the slot leases on the given Redis) over the
+router's own views of the pods (`fleet.state`: its in-flight books, begun at dispatch and ended with the
+answer, and `endpoint_states`). The slot records are the router's own calls: a provisional one at
+dispatch and the real one after the answer, then the lease goes back. Only the decision (the views,
+then `Scheduler.schedule`) is timed, on the wall clock; simulated time costs nothing, so an hour of a
+1,000-pod fleet runs in minutes. A leaving pod's entries are purged, as discovery's fence does, and its
+sessions find their slots gone.
 """
 
 from __future__ import annotations
@@ -21,11 +22,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from prometheus_client import CollectorRegistry
+
 from llamafleet_core.index.base import PrefixIndex, SlotLeases
 from llamafleet_core.prefix import ChatTemplate, PromptIdentity, chat_identity
 from llamafleet_core.types import Endpoint, PodRef, SlotRef
+from llamafleet_router.discovery.base import PodProps, PodStatus
+from llamafleet_router.fleet.state import InFlight, endpoint_states
+from llamafleet_router.metrics import RouterMetrics
 from llamafleet_router.scheduling.config import default_config
-from llamafleet_router.scheduling.framework import ANY_SLOT, Decision, EndpointState, SchedRequest
+from llamafleet_router.scheduling.framework import ANY_SLOT, Decision, SchedRequest
 from llamafleet_router.scheduling.scheduler import Scheduler
 from llamafleet_testbed.fleet_sim.servers import ServerTiming, SimPod, shared_blocks
 from llamafleet_testbed.fleet_sim.traffic import Arrivals, Session, TrafficSpec, build_prefixes
@@ -80,27 +86,19 @@ class FleetSim:
         self._rng = random.Random(traffic.seed + 17)
         self._uids = itertools.count()
         self.pods: dict[str, SimPod] = {}
-        self.states: dict[str, EndpointState] = {}
+        self.statuses: dict[str, PodStatus] = {}  # what discovery would say of each pod
+        self.in_flight = InFlight(RouterMetrics(CollectorRegistry()))
         self._events: list[tuple[float, int, str, Any]] = []
         self._order = itertools.count()
         self._last_prompt: dict[int, tuple[str, ...]] = {}  # per session: its previous turn's chain
-        # When each pod's slots were last given back (a sequence, as the router's in-flight book keeps it)
-        self._released: dict[str, dict[int, int]] = {}
-        self._releases = itertools.count()
         for _ in range(fleet.pods):
             self._join()
 
     def _join(self) -> None:
         uid = f"pod-{next(self._uids)}"
         self.pods[uid] = SimPod(uid, self.fleet.slots)
-        self._refresh(uid, 0.0)
-
-    def _refresh(self, uid: str, now: float) -> None:
-        pod = self.pods[uid]
-        busy = pod.busy(now)
-        endpoint = Endpoint(PodRef(uid, uid, 0), f"http://{uid}:8080", MODEL, pod.n_slots)
-        self.states[uid] = EndpointState(endpoint, busy_slots=busy, in_flight=len(busy),
-                                         slot_last_used=dict(self._released.get(uid, {})))
+        endpoint = Endpoint(PodRef(uid, uid, 0), f"http://{uid}:8080", MODEL, self.fleet.slots)
+        self.statuses[uid] = PodStatus(endpoint, PodProps(MODEL, self.fleet.slots))
 
     def _at(self, when: float, kind: str, data: Any = None) -> None:
         heapq.heappush(self._events, (when, next(self._order), kind, data))
@@ -137,9 +135,9 @@ class FleetSim:
         body, question = session.request(self.profiles, MODEL, self.traffic.answer_tokens)
         identity = chat_identity(body, self.template, model=MODEL, block_chars=self.fleet.block_chars)
         req = SchedRequest(f"s{session.id}-{session.turns_left}", MODEL, identity)
-        states = list(self.states.values())
+        pods = list(self.statuses.values())  # discovery's list, which the router copies per request too
         started = time.perf_counter()
-        decision = await self.scheduler.schedule(req, states)
+        decision = await self.scheduler.schedule(req, endpoint_states(MODEL, pods, self.in_flight))
         self.tally.decision_ms.append((time.perf_counter() - started) * 1000)
         self.tally.branches[decision.branch] += 1
         uid = decision.endpoint.pod.uid
@@ -152,7 +150,7 @@ class FleetSim:
         served = pod.serve(slot, tuple(identity.blocks), len(identity.text), self.traffic.answer_tokens, now,
                            self.timing, self.fleet.block_chars)
         self._count(session, identity, served.computed_tokens, served.cached_tokens)
-        self._refresh(uid, now)
+        self.in_flight.begin(uid, uid, decision.slot)
         self._at(served.done_at, "done", _Turn(session, identity, question, decision, pod, slot))
 
     def _count(self, session: Session, identity: PromptIdentity, computed: int, cached: int) -> None:
@@ -179,8 +177,7 @@ class FleetSim:
         if uid in self.pods:  # (a pod that left meanwhile took the slot with it)
             await self.index.record_slot(MODEL, SlotRef(uid, turn.slot), turn.identity.blocks,
                                          len(turn.identity.text) // 4, turn.identity.tags)
-            self._released.setdefault(uid, {})[turn.slot] = next(self._releases)
-            self._refresh(uid, now)
+            self.in_flight.end(uid, uid, turn.decision.slot)
         await self.scheduler.release(turn.decision)
         turn.session.answered(turn.question)
         if turn.session.turns_left > 0:
@@ -190,8 +187,7 @@ class FleetSim:
 
     async def _churn(self, now: float) -> None:
         uid = self._rng.choice(sorted(self.pods))
-        del self.pods[uid], self.states[uid]
-        self._released.pop(uid, None)
+        del self.pods[uid], self.statuses[uid]
         await self.index.purge_pod(uid)
         self._join()
         self.tally.pods_replaced += 1
