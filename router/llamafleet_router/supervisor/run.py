@@ -18,6 +18,7 @@ import httpx
 import uvicorn
 from prometheus_client import CollectorRegistry
 
+from llamafleet_core import http_pool
 from llamafleet_router.metrics_port import QuietServer
 from llamafleet_router.settings import RouterSettings
 from llamafleet_router.supervisor.front import front_app
@@ -62,7 +63,7 @@ async def _supervise(settings: RouterSettings) -> int:
     with reservation, front_socket or contextlib.nullcontext():
         port = port_of(reservation)
         metrics = SupervisorMetrics(CollectorRegistry(), settings.workers)
-        async with httpx.AsyncClient() as http:
+        async with http_pool.async_client() as http:
             supervisor = Supervisor(settings.model_copy(update={"port": port}), metrics, http)
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):
