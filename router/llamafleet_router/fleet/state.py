@@ -100,6 +100,18 @@ class InFlight:
         self._states[uid] = (pod, stamp, state)
         return state
 
+    def states_of(self, pods: Sequence[PodStatus]) -> list[EndpointState]:
+        """`state_of` each pod, its check for a kept view inlined: one method call per pod of a
+        thousand-pod fleet was a third of building the views."""
+        kept_of, stamp_of, view = self._states.get, self._changed_at.get, self.state_of
+        out = []
+        for pod in pods:
+            uid = pod.endpoint.pod.uid
+            kept = kept_of(uid)
+            out.append(kept[2] if kept is not None and kept[0] is pod and kept[1] == stamp_of(uid, 0)
+                       else view(pod))
+        return out
+
     def _changed(self, uid: str) -> None:
         self._changes += 1
         if (forgotten := _make_room(self._changed_at, uid)) is not None:
@@ -153,10 +165,9 @@ def endpoint_states(
 ) -> list[EndpointState]:
     """Ready pods serving `model` (minus `exclude`, pods that just refused a connection) as the
     scheduler's input."""
-    view = in_flight.state_of
     # `pod.ready and pod.model == model`, without two property calls per pod of a thousand-pod fleet.
-    states = [view(pod) for pod in pods if pod.endpoint.ready and pod.props is not None
-              and pod.props.model == model and pod.endpoint.uid not in exclude]
+    states = in_flight.states_of([pod for pod in pods if pod.endpoint.ready and pod.props is not None
+                                  and pod.props.model == model and pod.endpoint.pod.uid not in exclude])
     if not states:
         raise no_pod_available(model)
     return states

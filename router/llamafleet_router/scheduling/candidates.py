@@ -25,10 +25,15 @@ taken by another router replica, the scheduler tries the group's other slots in 
 from __future__ import annotations
 
 import heapq
+import operator
 from collections.abc import Callable, Container, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING
 
 from llamafleet_core.types import Endpoint, Lookup, SlotRef
 from llamafleet_router.scheduling.framework import Candidate, EndpointState
+
+if TYPE_CHECKING:  # pod_rows.py imports `pod_kind` from here
+    from llamafleet_router.scheduling.pod_rows import PodRow
 
 # Per pod uid: slot -> group. A group is the run length the lookup gives (> 0; plus `_EXACT` for slots
 # holding the head exactly), or a distinct negative value for a slot on its own; a slot absent from the
@@ -107,29 +112,34 @@ def known_pods(groups: Groups, lookup: Lookup) -> set[str]:
 
 
 def unknown_candidates(
-    endpoints: Sequence[EndpointState], known: Container[str], pod_total: Callable[[str], float], keep: int,
-    *, idle_only: bool,
+    rows: Sequence[PodRow], known: Container[str], keep: int, *, idle_only: bool,
+    extra_total: Callable[[str], float] | None = None,
 ) -> list[Candidate]:
-    """The representative slots of the `keep` best pods of each kind (`pod_kind`) among `endpoints` not
-    in `known`, by their weighted pod-level total (`pod_total` of the uid), then pod uid (pure).
+    """The representative slots of the `keep` best pods of each kind (`pod_kind`) among `rows` not in
+    `known`, by their weighted pod-level total (the row's pod-local total, plus `extra_total` of the uid
+    for pod-level scorers that read the request), then pod uid (pure).
 
     Every slot-level scorer scores a slot of such a pod by the pod's kind alone, so a picker that ranks
     by total and then pod uid (`OrderedPicker`) ranks them in this order, and the first `keep` of its
     ranking are the same as with every pod's candidate: placement tries `keep` at most. At 1,000 pods
     this leaves a few dozen candidates to build and score instead of one per pod (docs/design.md,
     "Measurements behind the rules")."""
-    by_kind: dict[tuple[bool, ...], list[tuple[float, str, EndpointState]]] = {}
-    for s in endpoints:
-        uid = s.endpoint.pod.uid
-        if uid not in known:
-            by_kind.setdefault(pod_kind(s.endpoint), []).append((-round(pod_total(uid), 9), uid, s))
+    pool = [row for row in rows if row.uid not in known]
+    if extra_total is not None:
+        pool = [row._replace(order=(-round(row.total + extra_total(row.uid), 9), row.uid)) for row in pool]
+    kinds = dict.fromkeys(row.kind for row in pool)  # in order of first sight: a stable output
+    by_kind = [pool] if len(kinds) == 1 else [[row for row in pool if row.kind == kind] for kind in kinds]
     out: list[Candidate] = []
-    for pods in by_kind.values():
-        for _, _, s in pods if len(pods) <= keep else heapq.nsmallest(keep, pods):
+    for pods in by_kind:
+        for row in pods if len(pods) <= keep else heapq.nsmallest(keep, pods, key=_ORDER):
+            s = row.state
             slots: Sequence[int] = s.idle_slots if idle_only else range(s.endpoint.n_slots)
             if (oldest := _oldest(s, slots)) is not None:
                 out.append(Candidate(s, oldest))
     return out
+
+
+_ORDER = operator.attrgetter("order")
 
 
 def with_spares(c: Candidate, groups: Groups) -> Iterator[Candidate]:

@@ -60,6 +60,7 @@ __all__ = [
     "PluginKind",
     "PluginParams",
     "PluginSpec",
+    "PodLocalScorer",
     "PodScorer",
     "PrefixIndexLike",
     "Producer",
@@ -148,6 +149,17 @@ class PodScorer(Protocol):
     def score_pods(
         self, req: SchedRequest, state: CycleState, endpoints: Sequence[EndpointState]
     ) -> Mapping[str, float]: ...  # pod uid -> score; a missing uid scores 0
+
+
+@runtime_checkable
+class PodLocalScorer(Protocol):
+    """Optional, for pod-level scorers whose score of a pod is a function of that pod's `EndpointState`
+    alone: not of the request, the cycle state or the other pods (queue depth, free slots). The router
+    keeps a pod's `EndpointState` until the pod changes (fleet/state.py), so the scheduler asks this
+    once per state it has not seen, not once per pod per request (`pod_rows.py`): at 1,000 pods the
+    per-request dict of every pod's score was a sixth of a decision. Must agree with `score`."""
+
+    def score_pod(self, endpoint: EndpointState) -> float: ...
 
 
 @runtime_checkable

@@ -45,6 +45,7 @@ from llamafleet_router.scheduling.framework import (
     OrderedPicker,
     Picker,
     PluginHandle,
+    PodLocalScorer,
     PodScorer,
     PrefixIndexLike,
     Producer,
@@ -56,6 +57,7 @@ from llamafleet_router.scheduling.framework import (
 )
 from llamafleet_router.scheduling.placement import Placement, queued_decision
 from llamafleet_router.scheduling.plugins.scorers.session_affinity import SessionAffinityScorer
+from llamafleet_router.scheduling.pod_rows import PodRows
 from llamafleet_router.scheduling.registry import Registry, register_builtin_plugins
 from llamafleet_router.scheduling.speeds import SpeedBook
 from llamafleet_router.scheduling.weighing import weigh_candidates, weighted_total
@@ -132,9 +134,16 @@ class Scheduler:
         self.decider = ActionDecider(config.decision, self.speeds, affinity)
         self.placement = Placement(leases, config.leases, holder_prefix, self.decider, self._report)
         self._nominators = [s for s, _ in self.scorers if isinstance(s, SlotNominator)]
-        # How to ask each scorer, decided once (isinstance on a Protocol is slow).
-        self._plan: list[tuple[Scorer, float, PodScorer | None, GatedScorer | None]] = [
-            (s, w, s if isinstance(s, PodScorer) else None, s if isinstance(s, GatedScorer) else None)
+        # How to ask each scorer, decided once (isinstance on a Protocol is slow): a pod-local scorer by
+        # its column of the pod rows, a pod-level one once per request, the others per candidate.
+        # A gated scorer is asked per request whether it applies, so it never joins a row's total.
+        local = [(s, w) for s, w in self.scorers
+                 if isinstance(s, PodLocalScorer) and not isinstance(s, GatedScorer)]
+        self._rows = PodRows([(s, s.type_name, s.name, w) for s, w in local])
+        column = {id(s): i for i, (s, _) in enumerate(local)}
+        self._plan: list[tuple[Scorer, float, int | None, PodScorer | None, GatedScorer | None]] = [
+            (s, w, column.get(id(s)), s if isinstance(s, PodScorer) else None,
+             s if isinstance(s, GatedScorer) else None)
             for s, w in self.scorers
         ]
         self._prunes = (not score_every_pod and isinstance(self.picker, OrderedPicker)
@@ -193,7 +202,9 @@ class Scheduler:
         """Weighted scores of `candidates` (slots of `endpoints`, derived when not given), ranked best
         first by the picker.
 
-        Pod-level scorers are asked once per pod, gated scorers that do not apply are skipped, and a
+        Pod-local scorers are asked once per view of a pod (`pod_rows.py`: a pod that did not change
+        since the last request keeps its scores), other pod-level scorers once per pod of the request,
+        gated scorers that do not apply are skipped, and a
         slot-level answer that is 0 everywhere is not looked up per candidate: with many index entries
         the per-candidate dict lookups would be most of the decision's cost. Given the `known` pods
         (`candidates` holds only theirs), the best few of the others of `endpoints` are added once
@@ -201,24 +212,31 @@ class Scheduler:
         clock = time.perf_counter
         if endpoints is None:
             endpoints = list({id(c.state): c.state for c in candidates}.values())
+        rows = self._rows.refresh(endpoints, self._report_scorer)
         zero: dict[str, float] = {}
         pod_level: list[tuple[str, float, Mapping[str, float]]] = []
+        per_request: list[tuple[str, float, Mapping[str, float]]] = []  # pod-level, not pod-local
         slot_level: list[tuple[str, float, dict[SlotRef, float]]] = []
         by_slot: list[tuple[Scorer, float]] = []
-        for scorer, weight, by_pod, gate in self._plan:
+        for scorer, weight, column, by_pod, gate in self._plan:
+            if column is not None:  # scored (and reported) as its rows were refreshed
+                pod_level.append((scorer.name, weight, self._rows.column(column)))
+                continue
             started = clock()
             if gate is not None and not gate.applies(req, state):
                 zero[scorer.name] = 0.0
             elif by_pod is not None:
                 pod_level.append((scorer.name, weight, by_pod.score_pods(req, state, endpoints)))
+                per_request.append(pod_level[-1])
             else:
                 by_slot.append((scorer, weight))
+                continue  # reported once it has scored the candidates, below
             self._report("scorer", scorer.type_name, scorer.name, started)
         if known is not None:
-            def pod_total(uid: str) -> float:
-                return weighted_total(pod_level, uid)
-            candidates = [*candidates, *unknown_candidates(endpoints, known, pod_total, self._keep,
-                                                           idle_only=idle_only)]
+            def extra_total(uid: str) -> float:
+                return weighted_total(per_request, uid)
+            candidates = [*candidates, *unknown_candidates(rows, known, self._keep, idle_only=idle_only,
+                                                           extra_total=extra_total if per_request else None)]
         for scorer, weight in by_slot:
             started = clock()
             scores = scorer.score(req, state, candidates)
@@ -246,6 +264,9 @@ class Scheduler:
     async def release(self, decision: Decision) -> None:
         """Release the decision's slot lease, if it took one. Never raises: the TTL is the backstop."""
         await self.placement.release(decision)
+
+    def _report_scorer(self, plugin_type: str, name: str, started: float) -> None:
+        self._report("scorer", plugin_type, name, started)
 
     def _report(self, point: str, plugin_type: str, name: str, started: float) -> None:
         """Per-plugin latency: one perf_counter pair per plugin, and nothing more without a hook."""

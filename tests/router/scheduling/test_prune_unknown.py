@@ -16,6 +16,8 @@ from llamafleet_core.types import Lookup, PromptTags, SlotRef, SnapshotRef
 from llamafleet_router.scheduling.candidates import known_pods, pod_kind, slot_groups, unknown_candidates
 from llamafleet_router.scheduling.config import default_config, load_config
 from llamafleet_router.scheduling.framework import EndpointState, SchedRequest
+from llamafleet_router.scheduling.plugins.scorers.free_slots import FreeSlotsScorer
+from llamafleet_router.scheduling.pod_rows import PodRows
 from llamafleet_router.scheduling.scheduler import Scheduler
 from tests.router.scheduling.fakes import BLOCK_CHARS, MODEL, chain, endpoint, prompt, text_hash
 
@@ -143,7 +145,8 @@ def test_unknown_pods_get_candidates_only_for_the_best_of_each_kind() -> None:
     known = known_pods({states[0].uid: {0: 3}}, Lookup(snapshots=(snap,)))
     assert known == {states[0].uid, states[1].uid}
     free = {s.uid: len(s.idle_slots) / SLOTS for s in states}
-    found = unknown_candidates(states, known, lambda uid: 2.0 * free[uid], keep=2, idle_only=True)
+    rows = PodRows([(FreeSlotsScorer("free"), "free-slots", "free", 2.0)]).refresh(states)
+    found = unknown_candidates(rows, known, keep=2, idle_only=True)
     uids = [c.key.pod_uid for c in found]
     assert not known & set(uids) and len(uids) == len(set(uids))
     for kind in {pod_kind(s.endpoint) for s in states[2:]}:

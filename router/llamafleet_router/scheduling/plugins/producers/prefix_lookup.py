@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import operator
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -36,6 +37,9 @@ from llamafleet_router.scheduling.framework import (
 )
 
 log = logging.getLogger(__name__)
+
+
+_UID = operator.attrgetter("endpoint.pod.uid")
 
 
 class PrefixLookupParams(PluginParams):
@@ -70,7 +74,7 @@ class PrefixLookup:
             state.write(LOOKUP, Lookup())
             state.write(INDEX_AVAILABLE, False)
             return
-        state.write(LOOKUP, live_only(found, {e.uid for e in endpoints}))
+        state.write(LOOKUP, live_only(found, set(map(_UID, endpoints))))  # in C: a thousand pods' uids
         state.write(INDEX_AVAILABLE, True)
 
 

@@ -4,8 +4,8 @@ Type: `free-slots`
 Parameters: none.
 Consumes: `EndpointState.busy_slots`, `Endpoint.n_slots`.
 Score: `idle_slots / n_slots` of the candidate's pod (the same for every slot of a pod); 0 when
-`n_slots` is 0. A light weight spreads cold prefixes without overriding a prefix hit. A `PodScorer`:
-the scheduler asks it once per pod (`score_pods`).
+`n_slots` is 0. A light weight spreads cold prefixes without overriding a prefix hit. A `PodLocalScorer`:
+the scheduler asks it once per view of a pod (`score_pod`), not per request.
 """
 
 from __future__ import annotations
@@ -37,6 +37,9 @@ class FreeSlotsScorer(NoParamsPlugin):
         self, req: SchedRequest, state: CycleState, endpoints: Sequence[EndpointState]
     ) -> dict[str, float]:
         return {e.endpoint.pod.uid: _free(e) for e in endpoints}
+
+    def score_pod(self, endpoint: EndpointState) -> float:
+        return _free(endpoint)
 
 
 def _free(e: EndpointState) -> float:

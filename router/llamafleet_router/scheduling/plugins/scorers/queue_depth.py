@@ -3,8 +3,8 @@
 Type: `queue-depth`
 Parameters: none.
 Consumes: `EndpointState.queue_depth` (requests deferred on the pod).
-Score: `1 / (1 + queue_depth)`: 1 with an empty queue, halving at one waiting request. A `PodScorer`:
-the scheduler asks it once per pod (`score_pods`).
+Score: `1 / (1 + queue_depth)`: 1 with an empty queue, halving at one waiting request. A `PodLocalScorer`:
+the scheduler asks it once per view of a pod (`score_pod`), not per request.
 """
 
 from __future__ import annotations
@@ -36,6 +36,9 @@ class QueueDepthScorer(NoParamsPlugin):
         self, req: SchedRequest, state: CycleState, endpoints: Sequence[EndpointState]
     ) -> dict[str, float]:
         return {e.endpoint.pod.uid: _queue(e) for e in endpoints}
+
+    def score_pod(self, endpoint: EndpointState) -> float:
+        return _queue(endpoint)
 
 
 def _queue(e: EndpointState) -> float:

@@ -1,0 +1,98 @@
+"""What the scheduler knows of each pod before it reads the request: the pod's kind and the scores of
+its pod-local scorers (`PodLocalScorer`), kept with the pod's view from one request to the next.
+
+The router keeps each pod's `EndpointState` until a request begins or ends on the pod or discovery
+replaces it (fleet/state.py), so between two requests only the few pods that changed have a new view.
+Scoring every pod's queue and free slots again per request, and weighing and ranking each pod by them
+(`candidates.unknown_candidates`), was over a third of a decision at 1,000 pods (docs/design.md,
+"Measurements behind the rules"); a row per view makes that one identity check per pod and a few
+scorer calls per request.
+
+A row is current while its state is the very object the request's endpoints hold: a changed pod comes
+with a new state, so a stale row can never be read for it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import NamedTuple
+
+from llamafleet_router.scheduling.candidates import pod_kind
+from llamafleet_router.scheduling.framework import EndpointState, PodLocalScorer, clamp01
+
+_TRACKED_PODS = 4096  # rows kept (pods of every model the scheduler serves; a restarted pod has a new uid)
+
+# report(plugin_type, plugin_name, started): the scheduler's per-plugin latency.
+Report = Callable[[str, str, float], None]
+
+
+class PodRow(NamedTuple):
+    """One pod's view with what every request would compute of it alike."""
+
+    state: EndpointState
+    uid: str
+    kind: tuple[bool, ...]  # `candidates.pod_kind`
+    scores: tuple[float, ...]  # each pod-local scorer's clamped score, in the order given to `PodRows`
+    total: float  # their weighted sum
+    order: tuple[float, str]  # (-total rounded, uid): how a picker of fixed order ranks unknown pods
+
+
+class PodRows:
+    """Rows of the pods the scheduler has seen, one per current view (not thread-safe: the router's
+    event loop alone calls it, and `refresh` and the reads that follow run without an await)."""
+
+    def __init__(self, scorers: Sequence[tuple[PodLocalScorer, str, str, float]]) -> None:
+        """`scorers`: (scorer, its type name, its name, its weight) of each pod-local scorer."""
+        self._scorers = tuple(scorers)
+        self._rows: dict[str, PodRow] = {}
+
+    def refresh(self, endpoints: Sequence[EndpointState], report: Report | None = None) -> list[PodRow]:
+        """The rows of `endpoints`, in their order, those of new views computed now."""
+        rows = self._rows
+        changed = [s for s in endpoints
+                   if (row := rows.get(s.endpoint.pod.uid)) is None or row.state is not s]
+        if changed:
+            columns = []
+            for scorer, type_name, name, _ in self._scorers:
+                started = time.perf_counter()
+                columns.append([clamp01(scorer.score_pod(s)) for s in changed])
+                if report is not None:
+                    report(type_name, name, started)
+            weights = [weight for *_, weight in self._scorers]
+            for i, s in enumerate(changed):
+                uid = s.endpoint.pod.uid
+                scores = tuple(column[i] for column in columns)
+                total = sum(w * v for w, v in zip(weights, scores, strict=True))
+                if uid not in rows and len(rows) >= _TRACKED_PODS:
+                    del rows[next(iter(rows))]  # the row kept longest: pods come and go
+                rows[uid] = PodRow(s, uid, pod_kind(s.endpoint), scores, total, (-round(total, 9), uid))
+        return [rows[s.endpoint.pod.uid] for s in endpoints]
+
+    def column(self, position: int) -> Mapping[str, float]:
+        """The scores of the `position`-th pod-local scorer, by pod uid, as the weighing reads a
+        pod-level answer (valid until the next `refresh`)."""
+        return _Column(self._rows, position)
+
+
+class _Column(Mapping[str, float]):
+    """One scorer's scores of the rows, read through: no dict of every pod is built per request."""
+
+    __slots__ = ("_position", "_rows")
+
+    def __init__(self, rows: dict[str, PodRow], position: int) -> None:
+        self._rows, self._position = rows, position
+
+    def __getitem__(self, uid: str) -> float:
+        return self._rows[uid].scores[self._position]
+
+    def get(self, uid: str, default: float | None = None) -> float | None:  # type: ignore[override]
+        row = self._rows.get(uid)
+        return default if row is None else row.scores[self._position]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._rows)
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
