@@ -6,12 +6,18 @@ pinned slots) per request. Now the books are per pod and a pod's view is kept un
 ends on it. The baseline here is that walk, rebuilt from the same books in the same process; between
 two calls one request ends on one pod and another begins on another, as between two requests.
 
+The second part times the request's whole read of the fleet as the director makes it: static
+discovery's list (pods polled through its real code, on a mock transport), the model's owners, then the
+views. Its baseline is the same discovery building every pod's status anew per request, as it did
+before its statuses were kept: a new status is a new view to build, so nothing kept could be reused.
+
     .venv/bin/python bench/bench_fleet_views.py [--pods 1000] [--slots 4] [--busy 0.5] [--calls 300]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import random
 import statistics
@@ -19,10 +25,15 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import httpx
 from prometheus_client import CollectorRegistry
 
+from llamafleet_core import http_pool
 from llamafleet_core.types import Endpoint, PodRef
 from llamafleet_router.discovery.base import PodProps, PodStatus
+from llamafleet_router.discovery.pod_spec import PodSpec
+from llamafleet_router.discovery.static import StaticDiscovery
+from llamafleet_router.fleet.ownership import ModelOwners
 from llamafleet_router.fleet.state import InFlight, endpoint_states
 from llamafleet_router.metrics import RouterMetrics
 from llamafleet_router.scheduling.framework import EndpointState
@@ -42,6 +53,40 @@ def walk_every_pinned_slot(pods: list[PodStatus], flight: InFlight, pinned: Coun
                                  slot_last_used=flight.last_used(uid), slot_requests=requests,
                                  in_flight=flight.count(uid), healthy=True))
     return out
+
+
+def answer(n_slots: int) -> httpx.MockTransport:
+    """Every pod's /health, /props and /slots, as llama-server answers them."""
+    props = {"total_slots": n_slots, "model_alias": MODEL, "default_generation_settings": {"n_ctx": 4096}}
+    slots = [{"id": i, "n_ctx": 4096, "is_processing": False} for i in range(n_slots)]
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        path = request.url.path
+        return httpx.Response(200, json={"status": "ok"} if path == "/health" else
+                              props if path == "/props" else slots)
+    return httpx.MockTransport(handle)
+
+
+async def request_path(args: argparse.Namespace, rng: random.Random) -> dict[str, list[float]]:
+    """The director's read per request (`Director.pods`, then `endpoint_states`), statuses kept or not."""
+    times: dict[str, list[float]] = {"every status built anew (before)": [], "statuses kept (now)": []}
+    async with http_pool.async_client(transport=answer(args.slots)) as http:
+        specs = [PodSpec.parse(f"http://p{i}:8080") for i in range(args.pods)]
+        disc = StaticDiscovery(specs, http, poll_interval=3600)
+        await disc.poll_once()
+        owners, flight = ModelOwners(), InFlight(RouterMetrics(CollectorRegistry()))
+        uids = [pod.endpoint.uid for pod in await disc.endpoints()]
+        for _ in range(args.calls):
+            uid = rng.choice(uids)  # a request begins on a pod, as between two requests
+            flight.begin(uid, uid, rng.randrange(args.slots))
+            for name in times:
+                if name.startswith("every"):
+                    for pod in disc._pods:  # what `endpoints()` did before: no status kept
+                        pod.status = None
+                started = time.perf_counter()
+                endpoint_states(MODEL, owners.pick(MODEL, await disc.endpoints()), flight)
+                times[name].append((time.perf_counter() - started) * 1000)
+    return times
 
 
 def main() -> int:
@@ -79,10 +124,15 @@ def main() -> int:
             build()
             times[name].append((time.perf_counter() - started) * 1000)
     before, now = (statistics.median(t) for t in times.values())
+    path = asyncio.run(request_path(args, rng))
+    path_before, path_now = (statistics.median(t) for t in path.values())
     result = {"pods": args.pods, "slots": args.slots, "pinned_slots": len(running), "calls": args.calls,
               "p50_ms": {k: statistics.median(v) for k, v in times.items()},
               "p99_ms": {k: sorted(v)[int(len(v) * 0.99) - 1] for k, v in times.items()},
-              "before_over_now_p50": before / now}
+              "before_over_now_p50": before / now,
+              "request_path": {"p50_ms": {k: statistics.median(v) for k, v in path.items()},
+                               "p99_ms": {k: sorted(v)[int(len(v) * 0.99) - 1] for k, v in path.items()},
+                               "before_over_now_p50": path_before / path_now}}
     print(json.dumps(result, indent=1))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")

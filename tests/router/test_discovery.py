@@ -252,3 +252,36 @@ async def test_pod_gets_no_restores_when_its_agent_found_them_unused() -> None:
     got = await _what_agents_say({"ready": True, "resume": "checkpoints", "restores": "unusable"},
                                  f"{URL}|http://agent-x:9000", "http://pod-z:8080|http://agent-z:9000")
     assert {url: e.restores for url, e in got.items()} == {URL: False, "http://pod-z:8080": True}
+
+
+async def test_a_pods_status_is_kept_until_what_it_says_changes() -> None:
+    """The router keeps a pod's scheduling view while its status is the same object (fleet/state.py):
+    a poll that finds nothing new keeps it; new busy slots, a pod down or back in a new epoch, or new
+    settings give a new one that says so, and leave the other pods' alone."""
+    pod, other = FakePod(URL, model="m", n_slots=3, busy={1}), FakePod("http://pod-y:8080", model="m")
+    fleet = FakeFleet(pod, other)
+    async with fleet.client() as http:
+        disc = StaticDiscovery([PodSpec.parse(URL), PodSpec.parse(other.url)], http, poll_interval=60)
+        await disc.start()
+        try:
+            first = await disc.endpoints()
+            await disc.poll_once()
+            again = await disc.endpoints()
+            assert again[0] is first[0] and again[1] is first[1]
+            pod.busy = {0, 2}
+            await disc.poll_once()
+            busy, same = await disc.endpoints()
+            assert busy is not first[0] and busy.busy_slots == {0, 2} and same is first[1]
+            pod.healthy = False
+            await disc.poll_once()
+            down, same = await disc.endpoints()
+            assert not down.ready and same is first[1]
+            pod.healthy = True
+            await disc.poll_once()
+            back, _ = await disc.endpoints()
+            assert back.ready and back.endpoint.pod.epoch > first[0].endpoint.pod.epoch
+            disc.update(PodSpec.parse(f"{URL}|http://agent-x:9000"))
+            moved, _ = await disc.endpoints()
+            assert moved is not back and moved.endpoint.agent_url == "http://agent-x:9000"
+        finally:
+            await disc.stop()
