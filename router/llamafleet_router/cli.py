@@ -149,11 +149,18 @@ async def freeze_heap_when_started(server: uvicorn.Server, limit_s: float = 120.
         if server.should_exit or time.monotonic() > deadline:
             return
         await asyncio.sleep(0.05)
+    log.info("heap frozen after start", extra={"frozen_objects": freeze_heap()})
+
+
+def freeze_heap() -> int:
+    """The gateway's collector policy, applied now (`freeze_heap_when_started` says why; the fleet
+    simulator applies it to its own process as a started gateway has it): everything alive frozen, the
+    gen-0 threshold raised. The number of objects frozen."""
     gc.collect()
     gc.freeze()
     _gen0, gen1, gen2 = gc.get_threshold()
     gc.set_threshold(10_000, gen1, gen2)
-    log.info("heap frozen after start", extra={"frozen_objects": gc.get_freeze_count()})
+    return gc.get_freeze_count()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,6 +3,7 @@ real scheduler and index (in memory, and on a real Redis through `llamafleet ben
 
 from __future__ import annotations
 
+import gc
 import json
 import statistics
 from pathlib import Path
@@ -85,9 +86,13 @@ def test_bench_simulate_writes_its_figures_from_a_real_redis(tmp_path: Path) -> 
     """A request costs the gateway's five round trips (lookup, lease, the two slot records, the release;
     a queued request takes no lease), plus, in so short a run, each script's first load (NOSCRIPT, then
     EVAL) and the purges of the pods that left."""
+    collector = gc.get_threshold()
     assert bench_main(["simulate", "--pods", "8", "--slots", "2", "--minutes", "0.5", "--sessions-per-hour",
                        "2000", "--prefixes", "4", "--out", str(tmp_path)]) == 0
     data = json.loads((tmp_path / "fleet_sim_8x2.json").read_text())["result"]
+    # Timed under the gateway's collector policy (cli.freeze_heap), and the process's own given back.
+    assert data["frozen_objects"] > 1000
+    assert gc.get_freeze_count() == 0 and gc.get_threshold() == collector
     assert data["requests"] > 0 and 3.0 <= data["redis_round_trips_per_request"] <= 6.0
     assert data["redis_memory_bytes"] > 0 and data["live_slot_entries"] > 0
     assert "decision p50 / p99" in (tmp_path / "fleet_sim_8x2.md").read_text()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gc
 import json
 import statistics
 import sys
@@ -30,6 +31,7 @@ from llamafleet_core.index.redis_leases import RedisSlotLeases
 from llamafleet_core.index.resp import Address, RespClient
 from llamafleet_core.prefix import ChatTemplate, TemplateCache
 from llamafleet_local.redis_server import RedisServer
+from llamafleet_router.cli import freeze_heap
 from llamafleet_testbed.fleet_sim.run import FleetSim, FleetSpec, Tally
 from llamafleet_testbed.fleet_sim.servers import ServerTiming
 from llamafleet_testbed.fleet_sim.traffic import TrafficSpec
@@ -95,7 +97,7 @@ def figures(tally: Tally, before: dict[str, int], after: dict[str, int], keys: i
 
 
 async def simulate(fleet: FleetSpec, traffic: TrafficSpec, timing: ServerTiming, workdir: Path,
-                   say: Any, *, score_every_pod: bool = False) -> dict[str, Any]:
+                   say: Any, *, score_every_pod: bool = False, freeze: bool = True) -> dict[str, Any]:
     server = RedisServer(workdir / "redis").start()
     client = CountingClient(Address.from_url(server.url), timeout_s=5.0)
     plain = redis.Redis(port=server.port)
@@ -104,13 +106,19 @@ async def simulate(fleet: FleetSpec, traffic: TrafficSpec, timing: ServerTiming,
         sim = FleetSim(fleet, traffic, timing, index=index, leases=RedisSlotLeases(client),
                        template=qwen_template(), score_every_pod=score_every_pod)
         before, sent = _redis_counters(plain.info()), client.round_trips
-        started = time.perf_counter()
-        tally = await sim.run(say)
-        wall = time.perf_counter() - started
+        collector = gc.get_threshold()
+        frozen = freeze_heap() if freeze else 0  # as the gateway's process is once it listens
+        try:
+            started = time.perf_counter()
+            tally = await sim.run(say)
+            wall = time.perf_counter() - started
+        finally:
+            gc.unfreeze()
+            gc.set_threshold(*collector)
         after = _redis_counters(plain.info())
         live = sum(1 for pod in sim.pods.values() for slot in pod.slots if slot.blocks)
         out = figures(tally, before, after, int(plain.dbsize()), live, wall, client.round_trips - sent)
-        out["wall_s"] = wall
+        out["wall_s"], out["frozen_objects"] = wall, frozen
         return out
     finally:
         await client.aclose()
