@@ -72,11 +72,32 @@ def test_views_agree_with_the_books_through_random_traffic_and_forgetting(
             flight.begin(pods[i].endpoint.uid, pods[i].endpoint.uid, slot)
             running.append((pods[i].endpoint.uid, slot))
         if step % 97 == 0:
-            for status, view in zip(pods, endpoint_states(MODEL, pods, flight), strict=True):
+            # A small book is kept small by viewing two pods at a time (a view of every pod would grow
+            # the books to twice the fleet).
+            viewed = pods if tracked > len(pods) else rng.sample(pods, 2)
+            for status, view in zip(viewed, endpoint_states(MODEL, viewed, flight), strict=True):
                 assert held(view) == fresh(flight, status), (step, status.endpoint.uid)
             # The batch read (its kept-view check inlined) hands out what `state_of` does.
-            assert list(map(held, flight.states_of(pods))) == [held(flight.state_of(p)) for p in pods]
+            assert list(map(held, flight.states_of(viewed))) == [held(flight.state_of(p)) for p in viewed]
     assert flight.total() == len(running)
+
+
+def test_a_fleet_larger_than_the_books_keeps_every_view(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The books grow to twice the fleet viewed: else each request would forget the pods viewed first
+    and build every view again (a 10,000-pod fleet against 4,096 uids)."""
+    monkeypatch.setattr(fleet_state, "_TRACKED_PODS", 8)
+    flight = InFlight(RouterMetrics(CollectorRegistry()))
+    pods = [pod(i) for i in range(50)]
+    endpoint_states(MODEL, pods, flight)
+    for i in range(50):
+        flight.begin(f"uid-{i}", f"pod-{i}", 0)
+        flight.end(f"uid-{i}", f"pod-{i}", 0)
+    first = endpoint_states(MODEL, pods, flight)
+    assert [view.slot_last_used for view in first] == [{0: i + 1} for i in range(50)]
+    flight.begin("uid-7", "pod-7", 1)
+    again = endpoint_states(MODEL, pods, flight)
+    assert [a is b for a, b in zip(first, again, strict=True)] == [i != 7 for i in range(50)]
+    assert again[7].busy_slots == {1}
 
 
 def test_a_view_whose_change_stamp_was_forgotten_is_built_anew(monkeypatch: pytest.MonkeyPatch) -> None:

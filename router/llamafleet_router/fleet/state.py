@@ -20,7 +20,10 @@ from llamafleet_router.errors import bad_request, model_not_found, no_pod_availa
 from llamafleet_router.metrics import RouterMetrics
 from llamafleet_router.scheduling.framework import ANY_SLOT, EndpointState
 
-_TRACKED_PODS = 4096  # pod uids (a uid changes when a pod restarts) whose release times and views are kept
+# Pod uids (a uid changes when a pod restarts) whose release times and views are kept, at the least: the
+# books grow to twice the largest fleet viewed, or a fleet larger than them would forget its pods in
+# turn and build every view again on every request.
+_TRACKED_PODS = 4096
 
 
 class InFlight:
@@ -42,6 +45,7 @@ class InFlight:
         self._changes = 0  # a stamp per begin/end, never reused: a kept state is current while it matches
         self._changed_at: dict[str, int] = {}
         self._states: dict[str, tuple[PodStatus, int, EndpointState]] = {}
+        self._room = _TRACKED_PODS  # how many uids each book keeps
 
     def begin(self, uid: str, pod_label: str, slot: int) -> None:
         self._count[uid] += 1
@@ -63,7 +67,7 @@ class InFlight:
                 if not pinned:
                     del self._slots[uid]
             self._seq += 1
-            if (forgotten := _make_room(self._released, uid)) is not None:
+            if (forgotten := _make_room(self._released, uid, self._room)) is not None:
                 self._states.pop(forgotten, None)  # its view still says when its slots were released
             self._released.setdefault(uid, {})[slot] = self._seq
         self._changed(uid)
@@ -96,13 +100,14 @@ class InFlight:
         state = EndpointState(endpoint=pod.endpoint, busy_slots=frozenset(requests),
                               slot_last_used=self.last_used(uid), slot_requests=requests,
                               in_flight=self.count(uid), healthy=True)
-        _make_room(self._states, uid)
+        _make_room(self._states, uid, self._room)
         self._states[uid] = (pod, stamp, state)
         return state
 
     def states_of(self, pods: Sequence[PodStatus]) -> list[EndpointState]:
         """`state_of` each pod, its check for a kept view inlined: one method call per pod of a
         thousand-pod fleet was a third of building the views."""
+        self._room = max(self._room, 2 * len(pods))
         kept_of, stamp_of, view = self._states.get, self._changed_at.get, self.state_of
         out = []
         for pod in pods:
@@ -114,15 +119,15 @@ class InFlight:
 
     def _changed(self, uid: str) -> None:
         self._changes += 1
-        if (forgotten := _make_room(self._changed_at, uid)) is not None:
+        if (forgotten := _make_room(self._changed_at, uid, self._room)) is not None:
             self._states.pop(forgotten, None)  # its stamp is gone: its kept view could not be checked
         self._changed_at[uid] = self._changes
 
 
-def _make_room(book: dict[str, Any], uid: str) -> str | None:
-    """Forget the oldest uid of a full book before `uid` joins it (pods come and go, and a restarted
-    pod has a new uid); the uid forgotten, if any."""
-    if uid in book or len(book) < _TRACKED_PODS:
+def _make_room(book: dict[str, Any], uid: str, room: int) -> str | None:
+    """Forget the oldest uid of a book of `room` uids before `uid` joins it (pods come and go, and a
+    restarted pod has a new uid); the uid forgotten, if any."""
+    if uid in book or len(book) < room:
         return None
     oldest = next(iter(book))
     del book[oldest]

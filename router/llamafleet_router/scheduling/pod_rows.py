@@ -21,7 +21,9 @@ from typing import NamedTuple
 from llamafleet_router.scheduling.candidates import pod_kind
 from llamafleet_router.scheduling.framework import EndpointState, PodLocalScorer, clamp01
 
-_TRACKED_PODS = 4096  # rows kept (pods of every model the scheduler serves; a restarted pod has a new uid)
+# Rows kept at the least (pods of every model the scheduler serves; a restarted pod has a new uid): they
+# grow to twice the most endpoints of one request, so that a larger fleet does not forget its own rows.
+_TRACKED_PODS = 4096
 
 # report(plugin_type, plugin_name, started): the scheduler's per-plugin latency.
 Report = Callable[[str, str, float], None]
@@ -50,24 +52,28 @@ class PodRows:
     def refresh(self, endpoints: Sequence[EndpointState], report: Report | None = None) -> list[PodRow]:
         """The rows of `endpoints`, in their order, those of new views computed now."""
         rows = self._rows
-        changed = [s for s in endpoints
-                   if (row := rows.get(s.endpoint.pod.uid)) is None or row.state is not s]
-        if changed:
+        out = [rows.get(s.endpoint.pod.uid) for s in endpoints]
+        stale = [i for i, (s, row) in enumerate(zip(endpoints, out, strict=True))
+                 if row is None or row.state is not s]
+        if stale:
             columns = []
             for scorer, type_name, name, _ in self._scorers:
                 started = time.perf_counter()
-                columns.append([clamp01(scorer.score_pod(s)) for s in changed])
+                columns.append([clamp01(scorer.score_pod(endpoints[i])) for i in stale])
                 if report is not None:
                     report(type_name, name, started)
             weights = [weight for *_, weight in self._scorers]
-            for i, s in enumerate(changed):
+            room = max(_TRACKED_PODS, 2 * len(endpoints))
+            for n, i in enumerate(stale):
+                s = endpoints[i]
                 uid = s.endpoint.pod.uid
-                scores = tuple(column[i] for column in columns)
+                scores = tuple(column[n] for column in columns)
                 total = sum(w * v for w, v in zip(weights, scores, strict=True))
-                if uid not in rows and len(rows) >= _TRACKED_PODS:
+                if uid not in rows and len(rows) >= room:
                     del rows[next(iter(rows))]  # the row kept longest: pods come and go
-                rows[uid] = PodRow(s, uid, pod_kind(s.endpoint), scores, total, (-round(total, 9), uid))
-        return [rows[s.endpoint.pod.uid] for s in endpoints]
+                rows[uid] = out[i] = PodRow(s, uid, pod_kind(s.endpoint), scores, total,
+                                            (-round(total, 9), uid))
+        return out  # type: ignore[return-value]  # every None was replaced above
 
     def column(self, position: int) -> Mapping[str, float]:
         """The scores of the `position`-th pod-local scorer, by pod uid, as the weighing reads a

@@ -85,6 +85,18 @@ def test_rows_of_pods_gone_are_forgotten_oldest_first(monkeypatch: pytest.Monkey
     assert queue.asked == [states[0].uid, states[1].uid]
 
 
+def test_a_fleet_larger_than_the_bound_keeps_its_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rows grow to twice the endpoints of a request: a fleet past the bound (10,000 pods against
+    4,096 rows) neither loses the rows it was just given nor has them computed again."""
+    monkeypatch.setattr(pod_rows, "_TRACKED_PODS", 4)
+    states = fleet(random.Random(7))
+    queue = _Counting("queue")
+    rows = PodRows([(queue, "queue-depth", "queue", 1.0)])
+    assert [row.state for row in rows.refresh(states)] == states
+    queue.asked.clear()
+    assert [row.state for row in rows.refresh(states)] == states and queue.asked == []
+
+
 @pytest.mark.parametrize("scorer", [QueueDepthScorer("q"), FreeSlotsScorer("f")])
 def test_score_pod_agrees_with_the_scorers_other_answers(scorer: Any) -> None:
     states = fleet(random.Random(5))
