@@ -42,8 +42,8 @@ log = logging.getLogger(__name__)
 
 
 # What a pod's `PodStatus` is built from. The status is kept until one of these changes: the router keeps
-# a pod's scheduling view while its status is the same object (fleet/state.py), and building a status per
-# pod per request was ~5 us a pod, 5 ms a request at 1,000 pods (docs/design.md, "Gateway process").
+# a pod's scheduling view while its status is the same object (fleet/state.py), and a status built per
+# pod per request was most of a large fleet's read (docs/design.md, "Gateway process").
 _STATUS_FIELDS = frozenset({"spec", "up", "ref", "props", "busy", "resume_anywhere", "restores"})
 _UNSET = object()
 

@@ -156,8 +156,8 @@ class PodLocalScorer(Protocol):
     """Optional, for pod-level scorers whose score of a pod is a function of that pod's `EndpointState`
     alone: not of the request, the cycle state or the other pods (queue depth, free slots). The router
     keeps a pod's `EndpointState` until the pod changes (fleet/state.py), so the scheduler asks this
-    once per state it has not seen, not once per pod per request (`pod_rows.py`): at 1,000 pods the
-    per-request dict of every pod's score was a sixth of a decision. Must agree with `score`."""
+    once per state it has not seen, not once per pod per request (`pod_rows.py`; docs/design.md,
+    "Gateway process"). Must agree with `score`."""
 
     def score_pod(self, endpoint: EndpointState) -> float: ...
 

@@ -4,9 +4,9 @@ its pod-local scorers (`PodLocalScorer`), kept with the pod's view from one requ
 The router keeps each pod's `EndpointState` until a request begins or ends on the pod or discovery
 replaces it (fleet/state.py), so between two requests only the few pods that changed have a new view.
 Scoring every pod's queue and free slots again per request, and weighing and ranking each pod by them
-(`candidates.unknown_candidates`), was over a third of a decision at 1,000 pods (docs/design.md,
-"Measurements behind the rules"); a row per view makes that one identity check per pod and a few
-scorer calls per request.
+(`candidates.unknown_candidates`), was a large part of a decision at fleet scale (docs/design.md,
+"Gateway process"); a row per view makes that one identity check per pod and a few scorer calls per
+request.
 
 A row is current while its state is the very object the request's endpoints hold: a changed pod comes
 with a new state, so a stale row can never be read for it.
