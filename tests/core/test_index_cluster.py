@@ -5,8 +5,10 @@ load is in tests/integration/test_gateway_failover_real.py."""
 
 from __future__ import annotations
 
+import socket
 import uuid
 from collections import defaultdict
+from pathlib import Path
 
 import pytest
 
@@ -19,7 +21,7 @@ from llamafleet_core.index.resp_cluster import ClusterClient
 from llamafleet_core.membership import Member, list_fleets, read_members, write_members
 from llamafleet_core.types import SlotRef, SnapshotRef
 from tests.core.test_index_contract import chain, text
-from tests.fixtures.redis_cluster import RedisCluster
+from tests.fixtures.redis_cluster import BUS_OFFSET, RedisCluster, ephemeral_low
 
 SLOT_A, SLOT_B = SlotRef("pod-a@1", 0), SlotRef("pod-b@1", 1)
 
@@ -191,3 +193,21 @@ def test_a_real_slot_map_names_three_masters_with_a_replica_each(redis_cluster: 
     assert None not in found.owners
     assert found.masters == {("127.0.0.1", m.port) for m in redis_cluster.masters}
     assert found.nodes == {("127.0.0.1", n.port) for n in redis_cluster.nodes}
+
+
+def test_the_cluster_starts_on_other_ports_when_a_bus_port_is_taken(tmp_path: Path) -> None:
+    """The fixture's own start: a port found free may be taken before its node binds it (a full run met
+    it on a bus port), so the node starts again on other ports; all of them lie below the ephemeral
+    range, where no outgoing connection can take them."""
+    cluster = RedisCluster(tmp_path / "cluster")
+    assert all(n.port + BUS_OFFSET < ephemeral_low() for n in cluster.nodes)
+    blocked = cluster.nodes[2].port
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", blocked + BUS_OFFSET))
+        squatter.listen()
+        cluster.start()
+    try:
+        assert cluster.nodes[2].port != blocked and all(n.running for n in cluster.nodes)
+        assert cluster.client(cluster.nodes[2]).cluster("INFO")["cluster_state"] == "ok"
+    finally:
+        cluster.stop()
