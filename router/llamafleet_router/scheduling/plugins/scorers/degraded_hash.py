@@ -39,6 +39,7 @@ from llamafleet_router.scheduling.framework import (
     PluginSpec,
     SchedRequest,
 )
+from llamafleet_router.scheduling.plugins.filters.bounded_load import load_threshold
 
 
 class DegradedHashParams(PluginParams):
@@ -94,7 +95,7 @@ class DegradedHashScorer:
         if key is None or not states:
             return None
         by_name = {s.endpoint.pod.name: s for s in states}
-        limit = self.params.load_factor * (sum(s.load for s in by_name.values()) + 1) / len(by_name)
+        limit = load_threshold(list(by_name.values()), self.params.load_factor)  # bounded-load's bound
         walk = ring_walk(key, list(by_name), self.params.replication)
         for name in walk:
             if by_name[name].load <= limit:
