@@ -65,8 +65,10 @@ def make_http_client(settings: RouterSettings) -> httpx.AsyncClient:
         max_connections=settings.max_connections,
         timeout=httpx.Timeout(connect=settings.connect_timeout, read=None, write=settings.write_timeout,
                               pool=settings.pool_timeout),
-        # Pooled connections expire before the pods and agents close them (http_pool.py).
-        limits=http_pool.pool_limits(settings.max_connections, min(settings.max_connections, 256)),
+        # Pooled connections expire before the pods and agents close them, and an idempotent read
+        # a pod dropped unanswered is sent once more (http_pool.py).
+        transport=http_pool.async_transport(
+            limits=http_pool.pool_limits(settings.max_connections, min(settings.max_connections, 256))),
     )
 
 
