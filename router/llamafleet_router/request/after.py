@@ -7,7 +7,10 @@ Runs in a tracked background task, never on the request path. The index is a hin
 (`forget_slot`) before the new content is recorded. A --cache-prefix server also says whether it keeps
 the prompt's head as a RAM prefix entry (`timings.prefix_entry_n`): recorded under the head's RAM slot
 (`types.ram_slot`), which any slot of the pod can load, or dropped when a request sent there for it
-found none (evicted). Index errors are logged and counted, never raised;
+found none (evicted). When the response bears the prediction out and the request's provisional record
+(`dispatched`) has landed, that record already says what the slot holds (the same blocks and tags;
+the index never reads a slot's token count), and writing it again would be a fifth Redis round trip
+per request, the heaviest script, for nothing. Index errors are logged and counted, never raised;
 `IndexUnavailable` also flips the app into degraded mode until the index answers again.
 """
 
@@ -79,6 +82,8 @@ class AfterResponse:
         # must not be overwritten by that late one: the index would name the previous prompt's head and
         # conversation for a slot holding another, and the next turn would be sent there.
         self._latest: dict[SlotRef, str] = {}
+        # Per slot, the request whose provisional record has landed in the index (and still stands).
+        self._landed: dict[SlotRef, str] = {}
 
     @property
     def index(self) -> PrefixIndex:
@@ -103,9 +108,12 @@ class AfterResponse:
             return
         ref = SlotRef(decision.endpoint.pod.uid, decision.slot)
         self._latest[ref] = req.request_id  # before any await: `finished` of the slot's previous request
+        self._landed.pop(ref, None)
         estimate = int(len(req.prompt.blocks) * self._block_chars / self._chars_per_token)
         try:
             await self._index.record_slot(req.model, ref, req.prompt.blocks, estimate, req.prompt.tags)
+            if self._latest.get(ref) == req.request_id:
+                self._landed[ref] = req.request_id
         except IndexUnavailable as exc:
             self._index_failed("record_dispatched", exc)
         except Exception:
@@ -124,6 +132,7 @@ class AfterResponse:
         if self._latest.get(ref) != req.request_id:
             return  # a later request of this router was dispatched there, and its record stands
         self._latest.pop(ref, None)
+        self._landed.pop(ref, None)
         try:
             await self._index.forget_slot(req.model, ref)
         except IndexUnavailable as exc:
@@ -171,13 +180,15 @@ class AfterResponse:
         if self._latest.get(ref, req.request_id) != req.request_id:
             return  # a later request of this router holds the slot now, and recorded it
         self._latest.pop(ref, None)
+        landed = self._landed.pop(ref, None) == req.request_id
         try:
             if verdict == "false_hit":
                 log.info("index predicted a hit the server did not see; entry dropped",
                          extra={"pod": decision.endpoint.url, "slot": slot,
                                 "predicted_blocks": decision.predicted_blocks, "cache_n": cache_n})
                 await self._index.forget_slot(model, ref)
-            await self._index.record_slot(model, ref, prompt.blocks, stats.n_tokens, prompt.tags)
+            if verdict == "false_hit" or not landed:
+                await self._index.record_slot(model, ref, prompt.blocks, stats.n_tokens, prompt.tags)
             if decision.endpoint.cache_prefix:
                 await self._record_ram_entry(req, decision, stats)
         except IndexUnavailable as exc:

@@ -4,8 +4,9 @@ Discrete events in simulated time: a session arrives, a turn is sent, a turn end
 another joins. A turn is rendered by the gateway's own code (`chat_identity`) and scheduled by its own
 `Scheduler` (the default pipeline, the prefix index and the slot leases on the given Redis) over the
 router's own views of the pods (`fleet.state`: its in-flight books, begun at dispatch and ended with the
-answer, and `endpoint_states`). The slot records are the router's own calls: a provisional one at
-dispatch and the real one after the answer, then the lease goes back. Only the decision (the views,
+answer, and `endpoint_states`). The slot records and the lease's release are the router's own
+(`request.after.AfterResponse`): a provisional record at dispatch, the answer checked against it (and
+recorded again only where the router would), then the lease goes back. Only the decision (the views,
 then `Scheduler.schedule`) is timed, on the wall clock; simulated time costs nothing, so an hour of a
 1,000-pod fleet runs in minutes. A leaving pod's entries are purged, as discovery's fence does, and its
 sessions find their slots gone.
@@ -26,14 +27,18 @@ from prometheus_client import CollectorRegistry
 
 from llamafleet_core.index.base import PrefixIndex, SlotLeases
 from llamafleet_core.prefix import ChatTemplate, PromptIdentity, chat_identity
-from llamafleet_core.types import Endpoint, PodRef, SlotRef
+from llamafleet_core.types import Endpoint, PodRef
+from llamafleet_router.background import IndexHealth
 from llamafleet_router.discovery.base import PodProps, PodStatus
 from llamafleet_router.fleet.state import InFlight, endpoint_states
 from llamafleet_router.metrics import RouterMetrics
+from llamafleet_router.proxy.relay import Outcome
+from llamafleet_router.proxy.sse import Stats
+from llamafleet_router.request.after import AfterResponse
 from llamafleet_router.scheduling.config import default_config
 from llamafleet_router.scheduling.framework import ANY_SLOT, Decision, SchedRequest
 from llamafleet_router.scheduling.scheduler import Scheduler
-from llamafleet_testbed.fleet_sim.servers import ServerTiming, SimPod, shared_blocks
+from llamafleet_testbed.fleet_sim.servers import Served, ServerTiming, SimPod, shared_blocks
 from llamafleet_testbed.fleet_sim.traffic import Arrivals, Session, TrafficSpec, build_prefixes
 
 MODEL = "sim"
@@ -65,11 +70,12 @@ class Tally:
 @dataclass
 class _Turn:
     session: Session
-    identity: PromptIdentity
+    req: SchedRequest
     question: str
     decision: Decision
     pod: SimPod
     slot: int
+    served: Served
 
 
 class FleetSim:
@@ -87,7 +93,11 @@ class FleetSim:
         self._uids = itertools.count()
         self.pods: dict[str, SimPod] = {}
         self.statuses: dict[str, PodStatus] = {}  # what discovery would say of each pod
-        self.in_flight = InFlight(RouterMetrics(CollectorRegistry()))
+        metrics = RouterMetrics(CollectorRegistry())
+        self.in_flight = InFlight(metrics)
+        self.after = AfterResponse(index=index, scheduler=self.scheduler, metrics=metrics,
+                                   health=IndexHealth(index, metrics, 60.0), block_chars=fleet.block_chars,
+                                   chars_per_token=timing.chars_per_token)
         self._events: list[tuple[float, int, str, Any]] = []
         self._order = itertools.count()
         self._last_prompt: dict[int, tuple[str, ...]] = {}  # per session: its previous turn's chain
@@ -144,14 +154,12 @@ class FleetSim:
         pod = self.pods[uid]
         slot = decision.slot if decision.slot != ANY_SLOT else min(
             range(pod.n_slots), key=lambda s: pod.slots[s].busy_until)
-        if decision.slot != ANY_SLOT:  # the router's provisional record, written as it forwards
-            await self.index.record_slot(MODEL, SlotRef(uid, slot), identity.blocks,
-                                         len(identity.text) // 4, identity.tags)
+        await self.after.dispatched(req, decision)  # the router's provisional record, as it forwards
         served = pod.serve(slot, tuple(identity.blocks), len(identity.text), self.traffic.answer_tokens, now,
                            self.timing, self.fleet.block_chars)
         self._count(session, identity, served.computed_tokens, served.cached_tokens)
         self.in_flight.begin(uid, uid, decision.slot)
-        self._at(served.done_at, "done", _Turn(session, identity, question, decision, pod, slot))
+        self._at(served.done_at, "done", _Turn(session, req, question, decision, pod, slot, served))
 
     def _count(self, session: Session, identity: PromptIdentity, computed: int, cached: int) -> None:
         """Tokens computed, and the least any placement could have computed: a session's later turn
@@ -175,10 +183,12 @@ class FleetSim:
     async def _done(self, turn: _Turn, now: float) -> None:
         uid = turn.pod.uid
         if uid in self.pods:  # (a pod that left meanwhile took the slot with it)
-            await self.index.record_slot(MODEL, SlotRef(uid, turn.slot), turn.identity.blocks,
-                                         len(turn.identity.text) // 4, turn.identity.tags)
+            stats = Stats(cache_n=turn.served.cached_tokens, prompt_n=turn.served.computed_tokens,
+                          predicted_n=self.traffic.answer_tokens)
+            outcome = Outcome(status=200, stats=stats, completed=True, served_slot=turn.slot)
+            await self.after.finished(turn.req, turn.decision, outcome)
             self.in_flight.end(uid, uid, turn.decision.slot)
-        await self.scheduler.release(turn.decision)
+        await self.after.release(turn.decision)
         turn.session.answered(turn.question)
         if turn.session.turns_left > 0:
             self._at(now + self.arrivals.think_s(), "turn", turn.session)
