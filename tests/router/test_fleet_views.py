@@ -4,6 +4,7 @@ while a pod is unchanged, and always what a fresh build from the books would say
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -129,3 +130,79 @@ def test_a_view_whose_release_times_were_forgotten_is_built_anew(monkeypatch: py
     flight.end("uid-3", "c", 0)  # forgets A's release time
     assert flight.last_used("uid-1") == {}
     assert held(flight.state_of(a)) == fresh(flight, a)
+
+
+def _ready(pods: list[PodStatus], model: str, exclude: frozenset[str]) -> list[PodStatus]:
+    return [p for p in pods if p.ready and p.model == model and p.endpoint.uid not in exclude]
+
+
+def _variant(i: int, rng: random.Random) -> PodStatus:
+    """A new status for pod `i`: another size, down, not read yet, or serving another model."""
+    status = pod(i, slots=rng.choice((1, 2, 4)))
+    roll = rng.random()
+    if roll < 0.2:
+        return PodStatus(replace(status.endpoint, ready=False), status.props)
+    if roll < 0.3:
+        return PodStatus(status.endpoint, None)
+    if roll < 0.45:
+        return PodStatus(status.endpoint, PodProps("other", status.endpoint.n_slots))
+    return status
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_kept_list_of_a_models_views_agrees_with_a_fresh_read_through_fleet_changes(seed: int) -> None:
+    """Discovery's list kept, changed in place (new statuses, swapped pods), grown and shrunk; requests
+    beginning and ending; two models and retries that exclude pods: every read equals one from
+    scratch, in discovery's order."""
+    rng = random.Random(seed)
+    flight = InFlight(RouterMetrics(CollectorRegistry()))
+    pods = [pod(i) for i in range(60)]
+    running: list[tuple[str, int]] = []
+    for step in range(1500):
+        roll = rng.random()
+        if roll < 0.05:
+            i = rng.randrange(len(pods))
+            pods[i] = _variant(int(pods[i].endpoint.uid.split("-")[1]), rng)
+        elif roll < 0.07:
+            i, j = rng.randrange(len(pods)), rng.randrange(len(pods))
+            pods[i], pods[j] = pods[j], pods[i]
+        elif roll < 0.08:
+            pods.append(pod(1000 + step))
+        elif roll < 0.09 and len(pods) > 2:
+            pods.pop(rng.randrange(len(pods)))
+        elif running and roll < 0.5:
+            uid, slot = running.pop(rng.randrange(len(running)))
+            flight.end(uid, uid, slot)
+        else:
+            uid = rng.choice(pods).endpoint.uid
+            slot = ANY_SLOT if rng.random() < 0.1 else rng.randrange(4)
+            flight.begin(uid, uid, slot)
+            running.append((uid, slot))
+        model = "other" if rng.random() < 0.2 else MODEL
+        exclude = frozenset({rng.choice(pods).endpoint.uid}) if rng.random() < 0.05 else frozenset()
+        expected = _ready(pods, model, exclude)
+        if not expected:
+            continue
+        # A copy now and then: discovery may hand out a new list of the same statuses.
+        read = endpoint_states(model, list(pods) if step % 7 == 0 else pods, flight, exclude)
+        assert [v.endpoint for v in read] == [p.endpoint for p in expected], step
+        assert list(map(held, read)) == [fresh(flight, p) for p in expected], step
+
+
+def test_a_read_of_the_same_list_looks_only_at_the_pods_changed_since(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    flight = InFlight(RouterMetrics(CollectorRegistry()))
+    pods = [pod(i) for i in range(100)]
+    endpoint_states(MODEL, pods, flight)
+    looked: list[int] = []
+    states_of = flight.states_of
+    monkeypatch.setattr(flight, "states_of", lambda some: looked.append(len(some)) or states_of(some))
+    flight.begin("uid-3", "pod-3", 0)
+    flight.begin("uid-40", "pod-40", 1)
+    read = endpoint_states(MODEL, list(pods), flight)
+    assert sorted(looked) == [1, 1] and read[3].busy_slots == {0} and read[40].busy_slots == {1}
+    looked.clear()
+    pods[7] = pod(7, slots=2)
+    assert endpoint_states(MODEL, pods, flight)[7].endpoint.n_slots == 2 and looked == [1]
+    looked.clear()
+    assert len(endpoint_states(MODEL, pods, flight)) == 100 and looked == []

@@ -29,11 +29,13 @@ _TRACKED_PODS = 4096
 class InFlight:
     """Requests being proxied, per pod uid, and the slots they are pinned to.
 
-    Every request builds the scheduler's view of every pod of its model (`endpoint_states`), so at a
+    Every request needs the scheduler's view of every pod of its model (`endpoint_states`), so at a
     thousand pods what that costs per pod is most of a decision. The books are kept per pod (a pod's
     slots are found without a walk of every pinned slot of the fleet), and each pod's `EndpointState`
     is kept until the pod changes: a request of this router begins or ends on it, or discovery gives
-    a new `PodStatus` for it (an immutable value, so identity says it is the same).
+    a new `PodStatus` for it (an immutable value, so identity says it is the same). Per model, the
+    list of views the last request got is kept too (`_ModelViews`): when discovery's list is the same
+    again, only the pods changed since are looked at, instead of every pod of the fleet.
     """
 
     def __init__(self, metrics: RouterMetrics) -> None:
@@ -46,6 +48,7 @@ class InFlight:
         self._changed_at: dict[str, int] = {}
         self._states: dict[str, tuple[PodStatus, int, EndpointState]] = {}
         self._room = _TRACKED_PODS  # how many uids each book keeps
+        self._models: dict[str, _ModelViews] = {}
 
     def begin(self, uid: str, pod_label: str, slot: int) -> None:
         self._count[uid] += 1
@@ -68,7 +71,7 @@ class InFlight:
                     del self._slots[uid]
             self._seq += 1
             if (forgotten := _make_room(self._released, uid, self._room)) is not None:
-                self._states.pop(forgotten, None)  # its view still says when its slots were released
+                self._forget_view(forgotten)  # its view still says when its slots were released
             self._released.setdefault(uid, {})[slot] = self._seq
         self._changed(uid)
         self._metrics.in_flight.labels(pod_label).dec()
@@ -92,6 +95,23 @@ class InFlight:
         """The scheduler's view of `pod`: the one built before while neither the pod nor this router's
         requests on it changed since."""
         return self.states_of((pod,))[0]
+
+    def ready_states(self, model: str, pods: Sequence[PodStatus],
+                     exclude: frozenset[str] = frozenset()) -> list[EndpointState]:
+        """`states_of` the ready pods of `pods` serving `model`, in their order, minus `exclude`."""
+        if exclude:  # a retry after a pod refused a connection: rare, and not the list kept
+            return self.states_of([pod for pod in pods if _serves(pod, model) and pod.endpoint.pod.uid
+                                   not in exclude])
+        views = self._models.get(model)
+        if views is None or len(views.pods) != len(pods):
+            views = self._models[model] = _ModelViews(model, pods, self)
+            return views.current()
+        # Discovery's list compared in C (`==` tries identity first): the same list means that only
+        # the pods this router's requests changed need a new view.
+        if pods != views.pods:
+            views.replace(pods, self)
+        views.update(self)
+        return views.current()
 
     def states_of(self, pods: Sequence[PodStatus]) -> list[EndpointState]:
         """`state_of` each pod. The check for a kept view is inlined in the loop: one method call per
@@ -120,8 +140,63 @@ class InFlight:
     def _changed(self, uid: str) -> None:
         self._changes += 1
         if (forgotten := _make_room(self._changed_at, uid, self._room)) is not None:
-            self._states.pop(forgotten, None)  # its stamp is gone: its kept view could not be checked
+            self._forget_view(forgotten)  # its stamp is gone: its kept view could not be checked
         self._changed_at[uid] = self._changes
+        for views in self._models.values():
+            views.dirty.add(uid)
+
+    def _forget_view(self, uid: str) -> None:
+        self._states.pop(uid, None)
+        for views in self._models.values():
+            views.dirty.add(uid)
+
+
+class _ModelViews:
+    """The views of one model's ready pods as the last request got them: discovery's list, and per
+    pod of it its view (None: not ready, or another model's), with the uids changed since (`dirty`)."""
+
+    def __init__(self, model: str, pods: Sequence[PodStatus], books: InFlight) -> None:
+        self.model = model
+        self.pods = list(pods)
+        self.dirty: set[str] = set()
+        ready = [pod if _serves(pod, model) else None for pod in self.pods]
+        built = iter(books.states_of([pod for pod in ready if pod is not None]))
+        self.states: list[EndpointState | None] = [None if pod is None else next(built) for pod in ready]
+        self.position = {pod.endpoint.pod.uid: i for i, pod in enumerate(self.pods)}
+        self.missing = ready.count(None)
+
+    def replace(self, pods: Sequence[PodStatus], books: InFlight) -> None:
+        """Discovery's list changed in place (as long): the pods at the positions that differ."""
+        moved = [i for i, (old, new) in enumerate(zip(self.pods, pods, strict=True)) if old is not new]
+        for i in moved:  # every old uid first: a pod may have moved to another position
+            self.position.pop(self.pods[i].endpoint.pod.uid, None)
+        for i in moved:
+            self.pods[i] = pods[i]
+            self.position[pods[i].endpoint.pod.uid] = i
+            self._view(i, books)
+
+    def update(self, books: InFlight) -> None:
+        """The pods this router's requests changed since the last read."""
+        for uid in self.dirty:
+            if (i := self.position.get(uid)) is not None:
+                self._view(i, books)
+        self.dirty.clear()
+
+    def current(self) -> list[EndpointState]:
+        if not self.missing:
+            return list(self.states)  # type: ignore[arg-type]  # no None in it
+        return [state for state in self.states if state is not None]
+
+    def _view(self, i: int, books: InFlight) -> None:
+        pod, was = self.pods[i], self.states[i]
+        state = books.states_of((pod,))[0] if _serves(pod, self.model) else None
+        self.states[i] = state
+        self.missing += (state is None) - (was is None)
+
+
+def _serves(pod: PodStatus, model: str) -> bool:
+    """`pod.ready and pod.model == model`, without two property calls per pod of a thousand-pod fleet."""
+    return pod.endpoint.ready and pod.props is not None and pod.props.model == model
 
 
 def _make_room(book: dict[str, Any], uid: str, room: int) -> str | None:
@@ -170,9 +245,7 @@ def endpoint_states(
 ) -> list[EndpointState]:
     """Ready pods serving `model` (minus `exclude`, pods that just refused a connection) as the
     scheduler's input."""
-    # `pod.ready and pod.model == model`, without two property calls per pod of a thousand-pod fleet.
-    states = in_flight.states_of([pod for pod in pods if pod.endpoint.ready and pod.props is not None
-                                  and pod.props.model == model and pod.endpoint.pod.uid not in exclude])
+    states = in_flight.ready_states(model, pods, exclude)
     if not states:
         raise no_pod_available(model)
     return states
