@@ -60,7 +60,7 @@ from llamafleet_router.scheduling.plugins.scorers.session_affinity import Sessio
 from llamafleet_router.scheduling.pod_rows import PodRows
 from llamafleet_router.scheduling.registry import Registry, register_builtin_plugins
 from llamafleet_router.scheduling.speeds import SpeedBook
-from llamafleet_router.scheduling.weighing import weigh_candidates, weighted_total
+from llamafleet_router.scheduling.weighing import best_alike, weigh_candidates, weighted_total
 
 log = logging.getLogger(__name__)
 
@@ -208,7 +208,9 @@ class Scheduler:
         slot-level answer that is 0 everywhere is not looked up per candidate: with many index entries
         the per-candidate dict lookups would be most of the decision's cost. Given the `known` pods
         (`candidates` holds only theirs), the best few of the others of `endpoints` are added once
-        their pod-level scores are known (`unknown_candidates`)."""
+        their pod-level scores are known (`unknown_candidates`), and of candidates that the slot-level
+        scorers score alike only the best few are weighed and ranked (`best_alike`): then the first
+        `keep` of the ranking, all that placement tries, are those of every candidate's ranking."""
         clock = time.perf_counter
         if endpoints is None:
             endpoints = list({id(c.state): c.state for c in candidates}.values())
@@ -245,6 +247,8 @@ class Scheduler:
             else:
                 zero[scorer.name] = 0.0
             self._report("scorer", scorer.type_name, scorer.name, started)
+        if known is not None:  # a picker of fixed order, which only the first `keep` it ranks matter of
+            candidates = best_alike(candidates, pod_level, slot_level, self._keep)
         scored = weigh_candidates(candidates, pod_level, slot_level, zero)
         started = clock()
         ranked = self.picker.pick(req, state, scored)
