@@ -79,22 +79,29 @@ def candidates(survivors: Sequence[EndpointState], groups: Groups, *, idle_only:
     with `only`, of those pods only (the others: `unknown_candidates`)."""
     out: list[Candidate] = []
     for s in survivors:
-        if only is not None and s.endpoint.pod.uid not in only:
+        uid = s.endpoint.pod.uid
+        if only is not None and uid not in only:
             continue
         slots: Sequence[int] = s.idle_slots if idle_only else range(s.endpoint.n_slots)
-        mine = groups.get(s.endpoint.pod.uid)
+        mine = groups.get(uid)
         if not mine:
             if (oldest := _oldest(s, slots)) is not None:
                 out.append(Candidate(s, oldest))
             continue
         n, busy = s.endpoint.n_slots, s.busy_slots if idle_only else frozenset()
-        seen: set[int] = set()
-        for slot in _by_age(s, mine):
-            group = mine[slot]
-            if group not in seen and 0 <= slot < n and slot not in busy:
-                seen.add(group)
+        # At fleet scale a pod the lookup names mostly holds the prompt in one slot: no sort, no set.
+        if len(mine) == 1:
+            (slot,) = mine
+            if 0 <= slot < n and slot not in busy:
                 out.append(Candidate(s, slot))
-        if (oldest := _oldest(s, (slot for slot in slots if slot not in mine))) is not None:
+        else:
+            seen: set[int] = set()
+            for slot in _by_age(s, mine):
+                group = mine[slot]
+                if group not in seen and 0 <= slot < n and slot not in busy:
+                    seen.add(group)
+                    out.append(Candidate(s, slot))
+        if (oldest := _oldest(s, [slot for slot in slots if slot not in mine])) is not None:
             out.append(Candidate(s, oldest))
     return out
 
