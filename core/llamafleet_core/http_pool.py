@@ -15,6 +15,11 @@ read). So the clients' transport also sends an idempotent request with a replaya
 a new connection, when the server dropped the one it was written into before answering: urllib3 and
 aiohttp (the gateway's proxy session) do the same. A POST is never sent twice.
 
+The clients connect directly, whatever proxy the environment names (httpx applies `HTTP_PROXY` and
+the like only to a client on its default transport): every address they are given is the fleet's own
+(pods, agents, gateways, the operator's targets), and a cluster that injects a proxy into every pod
+must not route the gateway's traffic to its pods through it.
+
 Every `httpx.AsyncClient` and `httpx.Client` of the packages comes from here (a test checks that), so
 no new one brings the default back.
 """

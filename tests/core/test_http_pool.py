@@ -53,6 +53,23 @@ async def test_the_gateway_client_expires_connections_before_pods_and_agents_clo
         await client.aclose()
 
 
+async def test_the_clients_connect_directly_whatever_proxy_the_environment_names(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A proxy the cluster injects into every pod must not carry the fleet's own traffic: nothing
+    listens at the proxy's address here, so a request sent through it would fail."""
+    monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")
+    monkeypatch.setenv("http_proxy", "http://127.0.0.1:9")
+    server = DropsKeptConnections()
+    async with server as url, http_pool.async_client(base_url=url, timeout=5.0) as client:
+        assert (await client.get("/health")).text == "ok"
+        gateway = make_http_client(RouterSettings())
+        try:
+            assert (await gateway.get(f"{url}/health")).text == "ok"
+        finally:
+            await gateway.aclose()
+    assert [method for _, method in server.requests] == ["GET", "GET"]
+
+
 def test_no_package_builds_an_httpx_client_by_hand() -> None:
     sources = [p for package in PACKAGES for p in (ROOT / package).rglob("*.py") if p.name != "http_pool.py"]
     by_hand = [f"{path.relative_to(ROOT)}:{n}" for path in sources
