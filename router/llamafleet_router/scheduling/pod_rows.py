@@ -34,7 +34,7 @@ class PodRow(NamedTuple):
 
     state: EndpointState
     uid: str
-    kind: tuple[bool, ...]  # `candidates.pod_kind`
+    kind: int  # `candidates.pod_kind`
     scores: tuple[float, ...]  # each pod-local scorer's clamped score, in the order given to `PodRows`
     total: float  # their weighted sum
     order: tuple[float, str]  # (-total rounded, uid): how a picker of fixed order ranks unknown pods
