@@ -69,8 +69,10 @@ class PodRows:
                 uid = s.endpoint.pod.uid
                 scores = tuple(column[n] for column in columns)
                 total = sum(w * v for w, v in zip(weights, scores, strict=True))
-                if uid not in rows and len(rows) >= room:
-                    del rows[next(iter(rows))]  # the row kept longest: pods come and go
+                # A pod's new row goes last (the newest), and when the rows are full the row kept
+                # longest goes: pods come and go.
+                if rows.pop(uid, None) is None and len(rows) >= room:
+                    del rows[next(iter(rows))]
                 rows[uid] = out[i] = PodRow(s, uid, pod_kind(s.endpoint), scores, total,
                                             (-round(total, 9), uid))
         return out  # type: ignore[return-value]  # every None was replaced above

@@ -85,6 +85,23 @@ def test_rows_of_pods_gone_are_forgotten_oldest_first(monkeypatch: pytest.Monkey
     assert queue.asked == [states[0].uid, states[1].uid]
 
 
+def test_a_pod_whose_view_changed_is_kept_as_the_newest(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A's row is the oldest, then A's view changes: when the rows are full, B goes, not A."""
+    monkeypatch.setattr(pod_rows, "_TRACKED_PODS", 2)
+    rng = random.Random(6)
+    a, b, c = fleet(rng)[:3]
+    queue = _Counting("queue")
+    rows = PodRows([(queue, "queue-depth", "queue", 1.0)])
+    rows.refresh([a])
+    rows.refresh([b])
+    a = changed(rng, a)
+    rows.refresh([a])
+    rows.refresh([c])
+    assert set(rows.column(0)) == {a.uid, c.uid}
+    queue.asked.clear()
+    assert [row.state for row in rows.refresh([a, c])] == [a, c] and queue.asked == []
+
+
 def test_a_fleet_larger_than_the_bound_keeps_its_rows(monkeypatch: pytest.MonkeyPatch) -> None:
     """The rows grow to twice the endpoints of a request: a fleet past the bound (10,000 pods against
     4,096 rows) neither loses the rows it was just given nor has them computed again."""
