@@ -104,6 +104,12 @@ def async_transport(**options: Any) -> AsyncResendingTransport:
     return AsyncResendingTransport(httpx.AsyncHTTPTransport(**options))
 
 
+def sync_transport(**options: Any) -> ResendingTransport:
+    """`async_transport` for the blocking client."""
+    options.setdefault("limits", pool_limits())
+    return ResendingTransport(httpx.HTTPTransport(**options))
+
+
 def _transport_options(options: dict[str, Any]) -> dict[str, Any]:
     """Take the transport's options out of a client's."""
     return {name: options.pop(name) for name in _TRANSPORT_OPTIONS if name in options}
@@ -120,7 +126,5 @@ def async_client(**options: Any) -> httpx.AsyncClient:
 def sync_client(**options: Any) -> httpx.Client:
     """`async_client` for `httpx.Client`."""
     if "transport" not in options:
-        transport_options = _transport_options(options)
-        transport_options.setdefault("limits", pool_limits())
-        options["transport"] = ResendingTransport(httpx.HTTPTransport(**transport_options))
+        options["transport"] = sync_transport(**_transport_options(options))
     return httpx.Client(**options)

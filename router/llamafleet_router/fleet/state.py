@@ -142,11 +142,14 @@ class InFlight:
         if (forgotten := _make_room(self._changed_at, uid, self._room)) is not None:
             self._forget_view(forgotten)  # its stamp is gone: its kept view could not be checked
         self._changed_at[uid] = self._changes
-        for views in self._models.values():
-            views.dirty.add(uid)
+        self._mark(uid)
 
     def _forget_view(self, uid: str) -> None:
         self._states.pop(uid, None)
+        self._mark(uid)
+
+    def _mark(self, uid: str) -> None:
+        """Every model's kept list looks at the pod again on its next read."""
         for views in self._models.values():
             views.dirty.add(uid)
 
