@@ -20,6 +20,7 @@ recompiles the files it touches only.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import fcntl
 import hashlib
 import os
@@ -69,11 +70,20 @@ def cpu_identity(cpuinfo: str | None = None) -> str:
     is the same on every call on one machine, whatever the core order. `cpuinfo` is the text of
     /proc/cpuinfo (read when None); without one, the machine architecture stands in.
     """
+    model, flags = cpu_fields(cpuinfo)
+    if not model and not flags:
+        return platform.machine()
+    digest = hashlib.sha256(" ".join(sorted(flags)).encode()).hexdigest()[:16]
+    return f"model name: {model or platform.machine()}\nflags sha256: {digest}"
+
+
+def cpu_fields(cpuinfo: str | None = None) -> tuple[str, set[str]]:
+    """The CPU's model name and the feature flags of all its cores ("" and none without a cpuinfo)."""
     if cpuinfo is None:
         try:
             cpuinfo = CPUINFO.read_text()
         except OSError:
-            return platform.machine()
+            return "", set()
     model = ""
     flags: set[str] = set()
     for line in cpuinfo.splitlines():
@@ -83,14 +93,48 @@ def cpu_identity(cpuinfo: str | None = None) -> str:
             model = value.strip()
         elif key in ("flags", "Features"):
             flags.update(value.split())
-    if not model and not flags:
-        return platform.machine()
-    digest = hashlib.sha256(" ".join(sorted(flags)).encode()).hexdigest()[:16]
-    return f"model name: {model or platform.machine()}\nflags sha256: {digest}"
+    return model, flags
+
+
+# ggml builds its AMX kernels where `-march=native` finds AMX. A VM can list the CPU's `amx_tile` flag
+# while its kernel gives programs no tile data state (XTILEDATA, bit 18 of what arch_prctl's
+# ARCH_GET_XCOMP_SUPP reports): there llama-server died with SIGSEGV in ggml_backend_amx_mul_mat at its
+# first quantized matmul (Gemma 3 270M, Q4_K_M). Such a machine's build turns AMX off; an explicit
+# -mno-* flag wins over -march=native whatever the order (GCC and Clang).
+NO_AMX_FLAGS = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+_ARCH_PRCTL, _ARCH_GET_XCOMP_SUPP, _XTILEDATA = 158, 0x1022, 1 << 18  # x86-64 Linux
+
+
+def amx_unusable(cpu_flags: set[str], kernel_xstates: int | None) -> bool:
+    """Whether the CPU lists AMX and the kernel does not give programs its tile data (pure; None: the
+    kernel could not say)."""
+    return "amx_tile" in cpu_flags and (kernel_xstates is None or not kernel_xstates & _XTILEDATA)
+
+
+def kernel_xstates() -> int | None:
+    """The extended CPU states the kernel supports for programs (arch_prctl ARCH_GET_XCOMP_SUPP), or
+    None off x86-64 Linux or when the call fails."""
+    if sys.platform != "linux" or platform.machine() != "x86_64":
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        states = ctypes.c_uint64(0)
+        if libc.syscall(_ARCH_PRCTL, _ARCH_GET_XCOMP_SUPP, ctypes.byref(states)) != 0:
+            return None
+    except (OSError, AttributeError):
+        return None
+    return states.value
+
+
+def cmake_flags(cpuinfo: str | None = None) -> tuple[str, ...]:
+    """The build's CMake flags on this machine: `CMAKE_FLAGS`, with AMX off where it is unusable."""
+    if amx_unusable(cpu_fields(cpuinfo)[1], kernel_xstates()):
+        return (*CMAKE_FLAGS, f"-DCMAKE_C_FLAGS={NO_AMX_FLAGS}", f"-DCMAKE_CXX_FLAGS={NO_AMX_FLAGS}")
+    return CMAKE_FLAGS
 
 
 def build_key() -> str:
-    recipe = "\n".join((SDIST_VERSION, *CMAKE_FLAGS, cpu_identity()))
+    recipe = "\n".join((SDIST_VERSION, *cmake_flags(), cpu_identity()))
     return f"{SDIST_VERSION}-{hashlib.sha256(recipe.encode()).hexdigest()[:12]}"
 
 
@@ -197,7 +241,7 @@ def _build_into(
     logfile = build_dir / "build.log"
     jobs = jobs or max(1, os.cpu_count() or 1)
     log(f"configuring {what} {SDIST_VERSION} (log: {logfile})")
-    _run_with_progress(["cmake", "-S", str(tree), "-B", str(build_dir), *CMAKE_FLAGS], tree, logfile)
+    _run_with_progress(["cmake", "-S", str(tree), "-B", str(build_dir), *cmake_flags()], tree, logfile)
     log(f"building {what} with {jobs} jobs (about 10 minutes on 2 cores from scratch)")
     _run_with_progress(
         ["cmake", "--build", str(build_dir), "--target", "llama-server", "-j", str(jobs)], tree, logfile

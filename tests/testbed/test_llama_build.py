@@ -128,3 +128,39 @@ def test_the_cache_layout_is_version_then_key() -> None:
     version, _, digest = llama_build.build_key().partition("-")
     assert version == llama_build.SDIST_VERSION and len(digest) == 12
     int(digest, 16)
+
+
+def test_amx_is_turned_off_where_the_cpu_lists_it_and_the_kernel_gives_no_tile_data(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A VM may list amx_tile without enabling the tile state (XTILEDATA, bit 18): a -march=native build
+    then ran ggml's AMX kernels into a SIGSEGV. Only there is AMX turned off, and the key says so."""
+    amx = X86.replace(" avx512f", " avx512f amx_tile amx_int8 amx_bf16")
+    xtiledata = 1 << 18
+    assert not llama_build.amx_unusable({"avx512f"}, None)
+    assert not llama_build.amx_unusable({"amx_tile"}, 0x200e7 | xtiledata)
+    assert llama_build.amx_unusable({"amx_tile"}, 0x200e7)  # such a VM's ARCH_GET_XCOMP_SUPP
+    assert llama_build.amx_unusable({"amx_tile"}, None)  # the kernel could not say: off, to be safe
+
+    def flags(cpuinfo: str, states: int | None) -> tuple[str, ...]:
+        monkeypatch.setattr(llama_build, "kernel_xstates", lambda: states)
+        return llama_build.cmake_flags(cpuinfo)
+
+    off = f"-DCMAKE_CXX_FLAGS={llama_build.NO_AMX_FLAGS}"
+    assert flags(X86, None) == flags(amx, xtiledata) == llama_build.CMAKE_FLAGS
+    assert off in flags(amx, 0x200e7) and "-DGGML_NATIVE=ON" in flags(amx, 0x200e7)
+    path = tmp_path / "cpuinfo"
+    path.write_text(amx)
+    monkeypatch.setattr(llama_build, "CPUINFO", path)
+    monkeypatch.setattr(llama_build, "kernel_xstates", lambda: 0x200e7)
+    without_tiles = llama_build.build_key()
+    monkeypatch.setattr(llama_build, "kernel_xstates", lambda: 0x200e7 | xtiledata)
+    assert llama_build.build_key() != without_tiles  # a binary built with AMX is never reused without
+
+
+def test_the_kernels_states_are_read_on_x86_64_linux_only() -> None:
+    states = llama_build.kernel_xstates()
+    if llama_build.sys.platform == "linux" and llama_build.platform.machine() == "x86_64":
+        assert states is not None and states & 0b11 == 0b11  # x87 and SSE state, on every x86-64
+    else:
+        assert states is None
