@@ -7,10 +7,12 @@ import gc
 import json
 import statistics
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from llamafleet_core.index import InMemoryPrefixIndex, InMemorySlotLeases
+from llamafleet_router.cli import loop_factory
 from llamafleet_testbed.bench.cli import main as bench_main
 from llamafleet_testbed.fleet_sim import report
 from llamafleet_testbed.fleet_sim.run import FleetSim, FleetSpec, Tally
@@ -95,4 +97,35 @@ def test_bench_simulate_writes_its_figures_from_a_real_redis(tmp_path: Path) -> 
     assert gc.get_freeze_count() == 0 and gc.get_threshold() == collector
     assert data["requests"] > 0 and 3.0 <= data["redis_round_trips_per_request"] <= 6.0
     assert data["redis_memory_bytes"] > 0 and data["live_slot_entries"] > 0
+    # decided on the gateway's own event loop, and the collector's share of the decisions counted
+    assert data["event_loop"] == ("asyncio" if loop_factory() is None else "uvloop")
+    assert 0 <= data["collections_in_decisions"] <= data["collections"]
     assert "decision p50 / p99" in (tmp_path / "fleet_sim_8x2.md").read_text()
+
+
+@pytest.mark.models
+async def test_the_collections_inside_decisions_are_counted_apart() -> None:
+    """A collection that runs inside a timed decision is charged to the decisions; one between them
+    only to the run."""
+    sim = FleetSim(FleetSpec(pods=4, slots=2, minutes=0.2, churn_per_hour=0.0),
+                   TrafficSpec(sessions_per_hour=3000.0, prefixes=2), TIMING,
+                   index=InMemoryPrefixIndex(), leases=InMemorySlotLeases(), template=report.qwen_template())
+    schedule = sim.scheduler.schedule
+
+    async def collecting(*args: Any, **kwargs: Any) -> Any:
+        gc.collect(0)
+        return await schedule(*args, **kwargs)
+
+    sim.scheduler.schedule = collecting  # type: ignore[method-assign]
+    done = sim._done
+
+    async def done_collecting(*args: Any) -> None:
+        gc.collect(0)
+        await done(*args)
+
+    sim._done = done_collecting  # type: ignore[method-assign]
+    tally = await sim.run()
+    decisions = len(tally.decision_ms)
+    assert decisions > 0 and tally.collections_in_decisions >= decisions
+    assert tally.collections >= tally.collections_in_decisions + 1  # those after the answers too
+    assert tally.collection_ms_in_decisions > 0

@@ -21,6 +21,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,7 @@ from llamafleet_core.index.redis_leases import RedisSlotLeases
 from llamafleet_core.index.resp import Address, RespClient
 from llamafleet_core.prefix import ChatTemplate, TemplateCache
 from llamafleet_local.redis_server import RedisServer
-from llamafleet_router.cli import freeze_heap
+from llamafleet_router.cli import freeze_heap, loop_factory
 from llamafleet_testbed.fleet_sim.run import FleetSim, FleetSpec, Tally
 from llamafleet_testbed.fleet_sim.servers import ServerTiming
 from llamafleet_testbed.fleet_sim.traffic import TrafficSpec
@@ -93,6 +94,8 @@ def figures(tally: Tally, before: dict[str, int], after: dict[str, int], keys: i
         "prefill_tokens_computed": tally.computed_tokens, "prefill_tokens_minimum": tally.minimum_tokens,
         "prefill_over_minimum": tally.computed_tokens / max(1, tally.minimum_tokens),
         "branches": dict(tally.branches.most_common()),
+        "collections": tally.collections, "collections_in_decisions": tally.collections_in_decisions,
+        "collection_ms_in_decisions": tally.collection_ms_in_decisions,
     }
 
 
@@ -126,6 +129,16 @@ async def simulate(fleet: FleetSpec, traffic: TrafficSpec, timing: ServerTiming,
         server.stop()
 
 
+def run_on_gateway_loop(run: Coroutine[Any, Any, dict[str, Any]]) -> dict[str, Any]:
+    """`run` on the event loop a started gateway runs (`cli.loop_factory`: uvloop where installed), as
+    its decisions run there: the index's round trips are written and read by the loop."""
+    factory = loop_factory()
+    with asyncio.Runner(loop_factory=factory) as runner:
+        result = runner.run(run)
+    result["event_loop"] = "asyncio" if factory is None else factory.__module__.split(".")[0]
+    return result
+
+
 def markdown(result: dict[str, Any], fleet: FleetSpec, traffic: TrafficSpec) -> str:
     r = result
     return "\n".join([
@@ -146,6 +159,9 @@ def markdown(result: dict[str, Any], fleet: FleetSpec, traffic: TrafficSpec) -> 
         f"| index operations per second, one replica | {r['index_ops_per_s']:,.0f} |",
         f"| prefill tokens against the minimum | {r['prefill_over_minimum']:.2f}x |",
         f"| branches | {', '.join(f'{b} {n}' for b, n in r['branches'].items())} |",
+        f"| garbage collections inside decisions (of the run's) | {r['collections_in_decisions']:,} "
+        f"({r['collection_ms_in_decisions']:.0f} ms in all) of {r['collections']:,} |",
+        f"| event loop | {r['event_loop']} (the gateway's) |",
         *_baseline_rows(r),
     ]) + "\n"
 
@@ -171,11 +187,11 @@ def main(args: Any) -> int:
         print(f"[{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
 
     with tempfile.TemporaryDirectory(prefix="fleet-sim-") as tmp:
-        result = asyncio.run(simulate(fleet, traffic, ServerTiming(), Path(tmp), say))
+        result = run_on_gateway_loop(simulate(fleet, traffic, ServerTiming(), Path(tmp), say))
         if args.baseline:
             say("the baseline: the same traffic, every pod scored")
-            result["baseline"] = asyncio.run(simulate(fleet, traffic, ServerTiming(), Path(tmp) / "base", say,
-                                                      score_every_pod=True))
+            baseline = simulate(fleet, traffic, ServerTiming(), Path(tmp) / "base", say, score_every_pod=True)
+            result["baseline"] = run_on_gateway_loop(baseline)
     text = markdown(result, fleet, traffic)
     print(text)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -14,6 +14,7 @@ sessions find their slots gone.
 
 from __future__ import annotations
 
+import gc
 import heapq
 import itertools
 import random
@@ -65,6 +66,9 @@ class Tally:
     sessions: int = 0
     pods_replaced: int = 0
     heads_seen: set[str] = field(default_factory=set)
+    collections: int = 0  # garbage collections in the run
+    collections_in_decisions: int = 0  # of those, the ones that ran inside a timed decision
+    collection_ms_in_decisions: float = 0.0
 
 
 @dataclass
@@ -101,6 +105,8 @@ class FleetSim:
         self._events: list[tuple[float, int, str, Any]] = []
         self._order = itertools.count()
         self._last_prompt: dict[int, tuple[str, ...]] = {}  # per session: its previous turn's chain
+        self._deciding = False  # a decision is being timed (what a collection's callback charges)
+        self._collection_started: float | None = None
         for _ in range(fleet.pods):
             self._join()
 
@@ -114,6 +120,24 @@ class FleetSim:
         heapq.heappush(self._events, (when, next(self._order), kind, data))
 
     async def run(self, say: Callable[[str], None] = lambda _: None) -> Tally:
+        gc.callbacks.append(self._on_collection)
+        try:
+            return await self._run(say)
+        finally:
+            gc.callbacks.remove(self._on_collection)
+
+    def _on_collection(self, phase: str, info: dict[str, int]) -> None:
+        """Count the collections, and the time of those inside a decision: the part of the decisions'
+        tail that is the collector's, not the scheduler's."""
+        if phase == "start":
+            self.tally.collections += 1
+            self._collection_started = time.perf_counter() if self._deciding else None
+        elif self._collection_started is not None:
+            self.tally.collections_in_decisions += 1
+            self.tally.collection_ms_in_decisions += (time.perf_counter() - self._collection_started) * 1000
+            self._collection_started = None
+
+    async def _run(self, say: Callable[[str], None]) -> Tally:
         end = self.fleet.minutes * 60.0
         self._at(self.arrivals.next_gap_s(), "arrive")
         if self.fleet.churn_per_hour > 0:
@@ -146,8 +170,11 @@ class FleetSim:
         identity = chat_identity(body, self.template, model=MODEL, block_chars=self.fleet.block_chars)
         req = SchedRequest(f"s{session.id}-{session.turns_left}", MODEL, identity)
         pods = list(self.statuses.values())  # discovery's list, which the router copies per request too
-        started = time.perf_counter()
-        decision = await self.scheduler.schedule(req, endpoint_states(MODEL, pods, self.in_flight))
+        self._deciding, started = True, time.perf_counter()
+        try:
+            decision = await self.scheduler.schedule(req, endpoint_states(MODEL, pods, self.in_flight))
+        finally:
+            self._deciding = False
         self.tally.decision_ms.append((time.perf_counter() - started) * 1000)
         self.tally.branches[decision.branch] += 1
         uid = decision.endpoint.pod.uid
