@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import gc
 import json
 from typing import Any
 
 import pytest
+from jinja2 import TemplateError
 
+from llamafleet_core.prefix.jinja_env import render_without_cycles
 from llamafleet_core.prefix.llama_json import llama_str, llama_tojson
-from llamafleet_core.prefix.template import ChatTemplate, canonical_render, render_chat
+from llamafleet_core.prefix.template import ChatTemplate, _build_context, canonical_render, render_chat
 from llamafleet_core.prefix.template_cache import TemplateCache
 from llamafleet_testbed.llama_build import source_dir
 
@@ -220,3 +223,53 @@ def test_from_props_reads_template_tokens_and_caps() -> None:
     props = {"chat_template": "x", "bos_token": "<s>", "eos_token": "</s>", "chat_template_caps": QWEN3_CAPS}
     t = ChatTemplate.from_props(props)
     assert (t.source, t.bos_token, t.eos_token, dict(t.effective_caps())) == ("x", "<s>", "</s>", QWEN3_CAPS)
+
+
+@pytest.mark.models
+def test_a_render_leaves_nothing_for_the_collector_and_the_text_of_jinjas_own_render(
+    qwen35: ChatTemplate,
+) -> None:
+    """Qwen3.5's template defines a macro: each render left a reference cycle (context, macro, closure)
+    of ~26 objects that only the garbage collector frees, and a gateway renders every request. On
+    Hermes Agent's captured request, with its history, the renders leave none and read as jinja2's own."""
+    from llamafleet_core.prefix import chat_identity
+    from llamafleet_testbed.hermes_layout import hermes_profile
+
+    profile = hermes_profile()
+    history = ({"role": "user", "content": "List the files."},
+               {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function",
+                "function": {"name": "terminal", "arguments": '{"command": "ls"}'}}]},
+               {"role": "tool", "tool_call_id": "c1", "content": "README.md"})
+    bodies = [profile.request("m", f"question {i}", history=history if i % 2 else ()) for i in range(6)]
+    chat_identity(bodies[0], qwen35, model="m")  # compiles, and fills the caches
+    gc.collect()
+    gc.disable()
+    try:
+        texts = [chat_identity(body, qwen35, model="m").text for body in bodies]
+        assert gc.collect() == 0
+    finally:
+        gc.enable()
+    for body in bodies[:2]:
+        context, source = _build_context(qwen35, body, body["messages"], True)
+        compiled = qwen35.cache.compile(source)
+        assert render_without_cycles(compiled, context) == compiled.render(context)
+    assert all("question" in text for text in texts)
+    broken = qwen35.cache.compile("{{ raise_exception('no') }}")
+    with pytest.raises(TemplateError, match="no"):
+        render_without_cycles(broken, {})
+
+
+def test_contexts_orjson_cannot_write_get_keys_of_their_own() -> None:
+    """The render key is orjson's JSON of the context, or the standard encoder's where orjson refuses
+    (a lone surrogate, an integer past 64 bits): each such context is rendered and cached as its own,
+    and never served another's render."""
+    cache = TemplateCache()
+    source = "{% for m in messages %}[{{ m.content }}]{% endfor %}{{ n }}"
+    contexts = [{"messages": [{"role": "user", "content": "\ud800"}], "n": 1},
+                {"messages": [{"role": "user", "content": "\ud801"}], "n": 1},
+                {"messages": [{"role": "user", "content": "x"}], "n": 2**70},
+                {"messages": [{"role": "user", "content": "x"}], "n": 2**70 + 1},
+                {"messages": [{"role": "user", "content": "x"}], "n": 1}]
+    texts = [cache.render(source, context) for context in contexts]
+    assert texts == ["[\ud800]1", "[\ud801]1", f"[x]{2**70}", f"[x]{2**70 + 1}", "[x]1"]
+    assert [cache.render(source, context) for context in contexts] == texts and cache.render_hits == 5

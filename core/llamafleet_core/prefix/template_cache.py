@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 from jinja2 import Template, TemplateError
 
-from llamafleet_core.prefix.jinja_env import make_environment
+from llamafleet_core.prefix.jinja_env import make_environment, render_without_cycles
 from llamafleet_core.prefix.llama_json import PrecomputedJson
 from llamafleet_core.prefix.normalize import normalize_tools
 
@@ -116,7 +116,7 @@ class TemplateCache:
         is rendered once and never again, so its callers skip the key (a digest of the whole context)."""
         if not remember:
             try:
-                return self.compile(source).render(context)
+                return render_without_cycles(self.compile(source), context)
             except Exception as exc:  # the same contract as the cached path
                 raise TemplateError(f"{type(exc).__name__}: {exc}") from exc
         key = self._render_key(source, context)
@@ -126,7 +126,7 @@ class TemplateCache:
             self.render_hits += 1
         else:
             try:
-                hit = self.compile(source).render(context)
+                hit = render_without_cycles(self.compile(source), context)
             except Exception as exc:  # remembered too: a failing render costs as much as a good one
                 hit = _Failed(f"{type(exc).__name__}: {exc}")
             self._renders[key] = hit
@@ -152,8 +152,20 @@ class TemplateCache:
         """Digest of everything a render depends on; tools enter through their JSON texts' digest."""
         h = hashlib.blake2b(self._source_digest(source), digest_size=16)
         rest = {k: v for k, v in context.items() if k != "tools"}
-        h.update(json.dumps(rest, ensure_ascii=False, default=repr).encode("utf-8", "surrogatepass"))
+        h.update(_context_json(rest))
         tools = context.get("tools")
         if tools:
             h.update(b"\x01" + self.tools_digest(tools))
         return h.digest()
+
+
+def _context_json(rest: dict[str, Any]) -> bytes:
+    """The render context's JSON, for its key: orjson (the system prompt of an agent request is ~10K
+    characters, and the standard encoder was most of the key), the standard encoder for what orjson
+    refuses (lone surrogates, integers past 64 bits, keys that are not strings). A first byte tells the
+    two apart, so that no context of one can give another's key. As with the tools' key, NaN reads as
+    null here; the gateway refuses NaN in a request."""
+    try:
+        return b"o" + orjson.dumps(rest, default=repr)
+    except (TypeError, orjson.JSONEncodeError):
+        return b"j" + json.dumps(rest, ensure_ascii=False, default=repr).encode("utf-8", "surrogatepass")
