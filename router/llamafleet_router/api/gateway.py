@@ -32,6 +32,7 @@ from llamafleet_router.fleet.ownership import ModelOwners
 from llamafleet_router.fleet.state import InFlight, props_for, resolve_model
 from llamafleet_router.logs import request_id_var
 from llamafleet_router.metrics import RouterMetrics
+from llamafleet_router.proxy.forward import encoded_body
 from llamafleet_router.request.clock import RequestClock
 from llamafleet_router.request.director import Director, Outgoing
 from llamafleet_router.scheduling.framework import SchedRequest
@@ -129,8 +130,9 @@ class Gateway:
             identity = self.prompts.identity(parsed, model, source.props if source else None,
                                              self.tenancy.namespace(key))
             req = SchedRequest(request_id_var.get() or "", model, identity, parsed.session_id)
-            outgoing = Outgoing(parsed.route.value, parsed.body, request.headers.get("accept", "*/*"),
-                                error_event_for(parsed.route))
+            outgoing = Outgoing(parsed.route.value, encoded_body(parsed.body),
+                                request.headers.get("accept", "*/*"), error_event_for(parsed.route))
+            del parsed  # not held while the pod computes: `encoded_body` says why
             response = await director.run(req, outgoing, key, permit, clock)
             permit = None  # the response's finisher gives it back, when the response ends
             return response

@@ -16,7 +16,6 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import httpx
 from starlette.responses import Response
@@ -73,11 +72,12 @@ def fallback_decision(states: Sequence[EndpointState]) -> Decision:
 
 @dataclass(frozen=True, slots=True)
 class Outgoing:
-    """What goes to the pod whatever the slot: the route's path, the client's checked body (pinned to
-    the slot when sent), what the client accepts, and how a stream cut midway ends (the route's API)."""
+    """What goes to the pod whatever the slot: the route's path, the client's checked body, encoded
+    (`encoded_body`; pinned to the slot when sent), what the client accepts, and how a stream cut
+    midway ends (the route's API)."""
 
     path: str
-    body: dict[str, Any]
+    encoded: bytes
     accept: str
     error_event: ErrorEvent
 
@@ -155,7 +155,7 @@ class Director:
                                   permit=permit, clock=clock)
                 return await forward(
                     self.upstream.http, decision.endpoint.url + outgoing.path,
-                    pinned_body(outgoing.body, decision.slot),
+                    pinned_body(outgoing.encoded, decision.slot),
                     {"content-type": "application/json", "accept": outgoing.accept,
                      "accept-encoding": "identity", "x-request-id": req.request_id,
                      **self.upstream.pod_headers},
