@@ -82,7 +82,7 @@ async def gateway_before(pod: ComputingPod) -> AsyncIterator[str]:
 
 async def test_the_parsed_body_is_not_held_while_the_pod_computes() -> None:
     """Until the pod's first generated text a request may be sent again elsewhere, so it keeps its
-    body; it keeps it encoded, not as the parsed tree (about ten times the bytes, and what the garbage
+    body; it keeps it encoded, not as the parsed tree (2.3 times the bytes, and what the garbage
     collector walked at 64 streams). While the pod computes, no list of the client's messages is alive
     but the test's own and the pod's copy; the body the pod got is the client's, pinned to a slot."""
     pod = ComputingPod()

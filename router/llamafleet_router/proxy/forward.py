@@ -70,7 +70,7 @@ def encoded_body(body: dict[str, Any]) -> bytes:
     (`pinned_body` adds them per attempt).
 
     The request holds these bytes, not the parsed body, while a pod computes its prompt (a retry before
-    the first answer needs them): a 60K-character agent request parses into ~400 objects and about ten
+    the first answer needs them): a 60K-character agent request parses into ~400 containers and 2.3
     times its bytes, and at 64 streams the parsed bodies waiting on their pods were most of what the
     garbage collector's young generation walked."""
     rest = {k: v for k, v in body.items() if k not in ROUTER_FIELDS}
