@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llamafleet_core.prefix import ChatTemplate, TemplateCache, chat_identity, render_chat
+from llamafleet_core.prefix import ChatTemplate, TemplateCache, chat_identity, render_chat, template_cache
 from llamafleet_core.prefix.substitute import plain_text, substituted
 from llamafleet_testbed.llama_build import source_dir
 from tests.core.test_prefix_identity import history
@@ -118,7 +118,14 @@ def test_a_new_question_of_a_seen_shape_renders_nothing(monkeypatch: pytest.Monk
     chat_identity(body("first"), template, model="m")
     compiled = cache.compile(template.source)
     renders: list[object] = []
-    monkeypatch.setattr(compiled, "render", lambda *a, **k: renders.append(a) or "")
+    render = template_cache.render_without_cycles
+
+    def counted(tmpl: Any, context: dict[str, Any]) -> str:
+        if tmpl is compiled:
+            renders.append(context)
+        return render(tmpl, context)
+
+    monkeypatch.setattr(template_cache, "render_without_cycles", counted)
     for question in ("second", "third one", "and a fourth"):
         ident = chat_identity(body(question), template, model="m")
         assert ident.text.endswith(f"<|user|>{question}<|end|><|assistant|>")
