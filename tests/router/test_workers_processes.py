@@ -106,11 +106,14 @@ async def chat_on_new_connections(url: str, connections: int, each: int) -> list
 
 
 def alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie does not). The process may be reaped between the two looks, or
+    while its /proc file is read (the read then fails with ESRCH): that is gone too."""
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (ProcessLookupError, FileNotFoundError):
         return False
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 @pytest.fixture
