@@ -24,16 +24,10 @@ taken by another router replica, the scheduler tries the group's other slots in 
 
 from __future__ import annotations
 
-import heapq
-import operator
-from collections.abc import Callable, Container, Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Iterator, Sequence
 
 from llamafleet_core.types import Endpoint, Lookup, SlotRef
 from llamafleet_router.scheduling.framework import Candidate, EndpointState
-
-if TYPE_CHECKING:  # pod_rows.py imports `pod_kind` from here
-    from llamafleet_router.scheduling.pod_rows import PodRow
 
 # Per pod uid: slot -> group. A group is the run length the lookup gives (> 0; plus `_EXACT` for slots
 # holding the head exactly), or a distinct negative value for a slot on its own; a slot absent from the
@@ -65,7 +59,7 @@ def _by_age(state: EndpointState, slots: Iterable[int]) -> list[int]:
     return sorted(slots, key=lambda slot: (state.released_at(slot), slot))
 
 
-def _oldest(state: EndpointState, slots: Iterable[int]) -> int | None:
+def oldest(state: EndpointState, slots: Iterable[int]) -> int | None:
     """The first of `_by_age(state, slots)`, for `slots` in ascending order (None when empty). Without
     release times that is the first slot, so a lazy `slots` is read no further."""
     if not state.slot_last_used:
@@ -73,20 +67,17 @@ def _oldest(state: EndpointState, slots: Iterable[int]) -> int | None:
     return min(slots, key=lambda slot: (state.released_at(slot), slot), default=None)
 
 
-def candidates(survivors: Sequence[EndpointState], groups: Groups, *, idle_only: bool,
-               only: Container[str] | None = None) -> list[Candidate]:
-    """One candidate per (pod, group): idle slots only when `idle_only`, else every slot (queueing);
-    with `only`, of those pods only (the others: `unknown_candidates`)."""
+def candidates(survivors: Iterable[EndpointState], groups: Groups, *, idle_only: bool) -> list[Candidate]:
+    """One candidate per (pod, group): idle slots only when `idle_only`, else every slot (queueing).
+    With a picker of fixed order the scheduler builds only those that it could place (`pruning.py`)."""
     out: list[Candidate] = []
     for s in survivors:
         uid = s.endpoint.pod.uid
-        if only is not None and uid not in only:
-            continue
         slots: Sequence[int] = s.idle_slots if idle_only else range(s.endpoint.n_slots)
         mine = groups.get(uid)
         if not mine:
-            if (oldest := _oldest(s, slots)) is not None:
-                out.append(Candidate(s, oldest))
+            if (first := oldest(s, slots)) is not None:
+                out.append(Candidate(s, first))
             continue
         n, busy = s.endpoint.n_slots, s.busy_slots if idle_only else frozenset()
         # At fleet scale a pod the lookup names mostly holds the prompt in one slot: no sort, no set.
@@ -101,8 +92,8 @@ def candidates(survivors: Sequence[EndpointState], groups: Groups, *, idle_only:
                 if group not in seen and 0 <= slot < n and slot not in busy:
                     seen.add(group)
                     out.append(Candidate(s, slot))
-        if (oldest := _oldest(s, [slot for slot in slots if slot not in mine])) is not None:
-            out.append(Candidate(s, oldest))
+        if (first := oldest(s, [slot for slot in slots if slot not in mine])) is not None:
+            out.append(Candidate(s, first))
     return out
 
 
@@ -110,45 +101,21 @@ def pod_kind(endpoint: Endpoint) -> int:
     """What a slot-level scorer may read of a pod it knows nothing else about (pure): whether it has no
     agent, restores, resumes anywhere, attaches and keeps RAM prefix entries, one bit each. An int,
     not a tuple: every request hashes the kind of every pod it ranks, and a tuple's hash is computed
-    anew each time (half of `unknown_candidates` at 1,000 pods)."""
+    anew each time (half of ranking the unknown pods at 1,000 pods)."""
     return ((endpoint.agent_url is None) | endpoint.restores << 1 | endpoint.resume_anywhere << 2
             | endpoint.attach << 3 | endpoint.cache_prefix << 4)
 
 
-def known_pods(groups: Groups, lookup: Lookup) -> set[str]:
-    """The pods the lookup (its slots, its snapshots) or a nomination names (pure)."""
-    return set(groups) | {snap.pod_uid for snap in lookup.snapshots}
+# The kinds whose slots share what the pod holds (--slot-attach, --cache-prefix RAM entries): a slot's
+# score there depends on the pod's other slots, not on its own group alone.
+SHARING_KINDS = 1 << 3 | 1 << 4
 
 
-def unknown_candidates(
-    rows: Sequence[PodRow], known: Container[str], keep: int, *, idle_only: bool,
-    extra_total: Callable[[str], float] | None = None,
-) -> list[Candidate]:
-    """The representative slots of the `keep` best pods of each kind (`pod_kind`) among `rows` not in
-    `known`, by their weighted pod-level total (the row's pod-local total, plus `extra_total` of the uid
-    for pod-level scorers that read the request), then pod uid (pure).
-
-    Every slot-level scorer scores a slot of such a pod by the pod's kind alone, so a picker that ranks
-    by total and then pod uid (`OrderedPicker`) ranks them in this order, and the first `keep` of its
-    ranking are the same as with every pod's candidate: placement tries `keep` at most. At 1,000 pods
-    this leaves a few dozen candidates to build and score instead of one per pod (docs/design.md,
-    "Measurements behind the rules")."""
-    pool = [row for row in rows if row.uid not in known]
-    if extra_total is not None:
-        pool = [row._replace(order=(-round(row.total + extra_total(row.uid), 9), row.uid)) for row in pool]
-    kinds = dict.fromkeys(map(_KIND, pool))  # in order of first sight: a stable output
-    by_kind = [pool] if len(kinds) == 1 else [[row for row in pool if row.kind == kind] for kind in kinds]
-    out: list[Candidate] = []
-    for pods in by_kind:
-        for row in pods if len(pods) <= keep else heapq.nsmallest(keep, pods, key=_ORDER):
-            s = row.state
-            slots: Sequence[int] = s.idle_slots if idle_only else range(s.endpoint.n_slots)
-            if (oldest := _oldest(s, slots)) is not None:
-                out.append(Candidate(s, oldest))
-    return out
-
-
-_ORDER, _KIND = operator.attrgetter("order"), operator.attrgetter("kind")
+def singled_pods(lookup: Lookup, nominated: Iterable[SlotRef]) -> set[str]:
+    """The pods whose candidates are all built even when the scheduler prunes (pure, `pruning.py`): those
+    holding a snapshot of the prompt, the conversation's slot or a slot a plugin nominates."""
+    own = (lookup.conversation,) if lookup.conversation is not None else ()
+    return {snap.pod_uid for snap in lookup.snapshots} | {ref.pod_uid for ref in (*own, *nominated)}
 
 
 def with_spares(c: Candidate, groups: Groups) -> Iterator[Candidate]:

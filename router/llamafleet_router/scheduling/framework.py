@@ -106,7 +106,14 @@ class Filter(Protocol):
 
 @runtime_checkable
 class Scorer(Protocol):
-    """Pure: scores each candidate in [0, 1] (the scheduler clamps anyway); a missing key scores 0."""
+    """Pure: scores each candidate in [0, 1] (the scheduler clamps anyway); a missing key scores 0.
+
+    A slot-level scorer (one that is not a `PodScorer`) may read of a slot only what the lookup says
+    of it (its run, the exact head, the conversation), its pod's kind (`candidates.pod_kind`), the
+    snapshots and the nominated slots, and, on a pod whose slots share what it holds (--slot-attach,
+    --cache-prefix), what the pod's other slots hold: the scheduler scores only one slot of each group
+    the lookup names, and under a picker of fixed order only the best pods of each group of slots that
+    score alike (`pruning.py`)."""
 
     type_name: ClassVar[str]
     name: str
@@ -131,10 +138,10 @@ class Picker(Protocol):
 @runtime_checkable
 class OrderedPicker(Protocol):
     """Optional, for pickers that rank by total (highest first) and break ties by pod uid before
-    anything else. With such a picker the scheduler scores only the few best slots of the pods nothing
-    is known about (`candidates.unknown_candidates`), where every such pod's slots rank by its pod-level
-    total alone; a picker that breaks ties at random cannot say which of them it would take, and says
-    False."""
+    anything else. With such a picker the scheduler builds and scores only the slots it could place
+    (`pruning.py`): of slots that every slot-level scorer scores alike, which rank by their pods'
+    pod-level totals alone, the few best; a picker that breaks ties at random cannot say which of them
+    it would take, and says False."""
 
     @property
     def orders_ties_by_pod(self) -> bool: ...

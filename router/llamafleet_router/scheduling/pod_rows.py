@@ -4,7 +4,7 @@ its pod-local scorers (`PodLocalScorer`), kept with the pod's view from one requ
 The router keeps each pod's `EndpointState` until a request begins or ends on the pod or discovery
 replaces it (fleet/state.py), so between two requests only the few pods that changed have a new view.
 Scoring every pod's queue and free slots again per request, and weighing and ranking each pod by them
-(`candidates.unknown_candidates`), was a large part of a decision at fleet scale (docs/design.md,
+(`pruning.py`), was a large part of a decision at fleet scale (docs/design.md,
 "Gateway process"); a row per view makes that one identity check per pod and a few scorer calls per
 request.
 
@@ -37,7 +37,7 @@ class PodRow(NamedTuple):
     kind: int  # `candidates.pod_kind`
     scores: tuple[float, ...]  # each pod-local scorer's clamped score, in the order given to `PodRows`
     total: float  # their weighted sum
-    order: tuple[float, str]  # (-total rounded, uid): how a picker of fixed order ranks unknown pods
+    order: tuple[float, str]  # (-total, uid): how a picker of fixed order ranks pods whose slots score alike
 
 
 class PodRows:
@@ -73,8 +73,7 @@ class PodRows:
                 # longest goes: pods come and go.
                 if rows.pop(uid, None) is None and len(rows) >= room:
                     del rows[next(iter(rows))]
-                rows[uid] = out[i] = PodRow(s, uid, pod_kind(s.endpoint), scores, total,
-                                            (-round(total, 9), uid))
+                rows[uid] = out[i] = PodRow(s, uid, pod_kind(s.endpoint), scores, total, (-total, uid))
         return out  # type: ignore[return-value]  # every None was replaced above
 
     def column(self, position: int) -> Mapping[str, float]:

@@ -1,7 +1,8 @@
 """The scheduler: a thin runner over its plugins, returning one leased `Decision` per request.
 
     producers (I/O, once) -> filters (in order) -> slot candidates (per surviving pod: the idle slots
-      the lookup or a plugin names, plus one representative idle slot; candidates.py)
+      the lookup or a plugin names, plus one representative idle slot; candidates.py; with a picker
+      of fixed order only those it could place, pruning.py)
       -> weighted scorers (each clamped to [0, 1], times its weight, summed) -> picker (ranked list)
       -> placement (placement.py: the best slot whose lease is free) -> decider (action.py: its action)
 
@@ -21,12 +22,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Container, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from llamafleet_core.types import SlotRef
 from llamafleet_router.scheduling.action import ActionDecider
-from llamafleet_router.scheduling.candidates import candidates, known_pods, slot_groups, unknown_candidates
+from llamafleet_router.scheduling.candidates import Groups, candidates, singled_pods, slot_groups
 from llamafleet_router.scheduling.config import PipelineConfig
 from llamafleet_router.scheduling.framework import (
     INDEX_AVAILABLE,
@@ -58,6 +59,7 @@ from llamafleet_router.scheduling.framework import (
 from llamafleet_router.scheduling.placement import Placement, queued_decision
 from llamafleet_router.scheduling.plugins.scorers.session_affinity import SessionAffinityScorer
 from llamafleet_router.scheduling.pod_rows import PodRows
+from llamafleet_router.scheduling.pruning import pruned_candidates
 from llamafleet_router.scheduling.registry import Registry, register_builtin_plugins
 from llamafleet_router.scheduling.speeds import SpeedBook
 from llamafleet_router.scheduling.weighing import best_alike, weigh_candidates, weighted_total
@@ -120,7 +122,7 @@ class Scheduler:
         score_every_pod: bool = False,
     ) -> None:
         """`score_every_pod`: build and score a candidate of every pod, as with a random picker (the
-        reference the pruning of `unknown_candidates` is checked and measured against)."""
+        reference the pruning (`pruning.py`) is checked and measured against)."""
         self.config = config
         # What the action choice weighs per pod: learned from the answers the app feeds it (hooks.py).
         self.speeds = speeds if speeds is not None else (
@@ -175,20 +177,22 @@ class Scheduler:
         if not survivors:
             raise NoEndpointError(f"no endpoint for model {req.model!r}")
         lookup = state.read(LOOKUP, NO_LOOKUP)
-        named = slot_groups(lookup, (ref for n in self._nominators for ref in n.nominate(req, state)))
-        # With a picker of fixed order, the pods nothing is known about get candidates only for the best
-        # few of them, once their pod-level scores are known (`rank`, `unknown_candidates`).
-        known = known_pods(named, lookup) if self._prunes and len(survivors) > self._keep else None
+        nominated = [ref for n in self._nominators for ref in n.nominate(req, state)]
+        named = slot_groups(lookup, nominated)
+        # With a picker of fixed order, only the slots it could place are built, once their pods'
+        # pod-level scores are known (`rank`, pruning.py).
+        prune = (named, singled_pods(lookup, nominated)) if self._prunes and len(survivors) > self._keep \
+            else None
         decision = None
         roomy = [s for s in survivors if s.idle_slots]
         if roomy:
-            idle = candidates(roomy, named, idle_only=True, only=known)
-            ranked = self.rank(req, state, idle, roomy, known=known)
+            idle = [] if prune else candidates(roomy, named, idle_only=True)
+            ranked = self.rank(req, state, idle, roomy, prune=prune)
             decision = await self.placement.place(req, state, ranked, named)
         if decision is None:
             sized = [s for s in survivors if s.endpoint.n_slots > 0]
-            every = candidates(sized, named, idle_only=False, only=known)
-            ranked = self.rank(req, state, every, sized, known=known, idle_only=False)
+            every = [] if prune else candidates(sized, named, idle_only=False)
+            ranked = self.rank(req, state, every, sized, prune=prune, idle_only=False)
             seen = lookup if state.read(INDEX_AVAILABLE, True) else None
             decision = queued_decision(req, seen, ranked, survivors, self.decider.is_session_slot)
         self.on_decision(req, decision)
@@ -196,7 +200,7 @@ class Scheduler:
 
     def rank(
         self, req: SchedRequest, state: CycleState, candidates: Sequence[Candidate],
-        endpoints: Sequence[EndpointState] | None = None, *, known: Container[str] | None = None,
+        endpoints: Sequence[EndpointState] | None = None, *, prune: tuple[Groups, set[str]] | None = None,
         idle_only: bool = True,
     ) -> list[ScoredCandidate]:
         """Weighted scores of `candidates` (slots of `endpoints`, derived when not given), ranked best
@@ -206,10 +210,11 @@ class Scheduler:
         since the last request keeps its scores), other pod-level scorers once per pod of the request,
         gated scorers that do not apply are skipped, and a
         slot-level answer that is 0 everywhere is not looked up per candidate: with many index entries
-        the per-candidate dict lookups would be most of the decision's cost. Given the `known` pods
-        (`candidates` holds only theirs), the best few of the others of `endpoints` are added once
-        their pod-level scores are known (`unknown_candidates`), and of candidates that the slot-level
-        scorers score alike only the best few are weighed and ranked (`best_alike`): then the first
+        the per-candidate dict lookups would be most of the decision's cost. Given `prune` (the lookup's
+        groups and the pods singled out, `pruning.py`), the candidates of `endpoints` that could be
+        placed are added to `candidates` once their pods' pod-level scores are known
+        (`pruned_candidates`), and of candidates that the slot-level scorers score alike only the best
+        few are weighed and ranked (`best_alike`): then the first
         `keep` of the ranking, all that placement tries, are those of every candidate's ranking."""
         clock = time.perf_counter
         if endpoints is None:
@@ -234,11 +239,13 @@ class Scheduler:
                 by_slot.append((scorer, weight))
                 continue  # reported once it has scored the candidates, below
             self._report("scorer", scorer.type_name, scorer.name, started)
-        if known is not None:
+        if prune is not None:
             def extra_total(uid: str) -> float:
                 return weighted_total(per_request, uid)
-            candidates = [*candidates, *unknown_candidates(rows, known, self._keep, idle_only=idle_only,
-                                                           extra_total=extra_total if per_request else None)]
+            groups, singled = prune
+            candidates = [*candidates, *pruned_candidates(
+                rows, groups, singled, self._keep, idle_only=idle_only,
+                extra_total=extra_total if per_request else None)]
         for scorer, weight in by_slot:
             started = clock()
             scores = scorer.score(req, state, candidates)
@@ -247,7 +254,7 @@ class Scheduler:
             else:
                 zero[scorer.name] = 0.0
             self._report("scorer", scorer.type_name, scorer.name, started)
-        if known is not None:  # a picker of fixed order, which only the first `keep` it ranks matter of
+        if prune is not None:  # a picker of fixed order, which only the first `keep` it ranks matter of
             candidates = best_alike(candidates, pod_level, slot_level, self._keep)
         scored = weigh_candidates(candidates, pod_level, slot_level, zero)
         started = clock()

@@ -44,7 +44,7 @@ def weigh_candidates(
 
 # Pod-level totals this close are not surely ordered when pruning: pickers round totals to 9 digits,
 # and the pod uid then decides.
-_TIE = 1e-8
+TIE = 1e-8
 
 
 def best_alike(
@@ -81,14 +81,14 @@ def best_alike(
 
 def _not_surely_behind(members: list[tuple[float, str, Candidate]], keep: int) -> list[Candidate]:
     """Of one group's (pod-level total, pod uid, candidate), those with fewer than `keep` members
-    surely ahead: a total more than `_TIE` higher, or the same total and a smaller uid. (A total
-    within `_TIE` may round either way, and two slots of one pod are ordered by the picker's own
+    surely ahead: a total more than `TIE` higher, or the same total and a smaller uid. (A total
+    within `TIE` may round either way, and two slots of one pod are ordered by the picker's own
     rule: neither is sure.)"""
     members.sort(key=lambda m: (-m[0], m[1]))
     out: list[Candidate] = []
     above = run = same_uid = 0  # members[:above] are surely above; the run of equal totals, its uid
     for i, (total, uid, c) in enumerate(members):
-        while members[above][0] > total + _TIE:
+        while members[above][0] > total + TIE:
             above += 1
         if members[run][0] != total:
             run = same_uid = i

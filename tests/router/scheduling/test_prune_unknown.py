@@ -1,6 +1,6 @@
-"""Only the best few slots of the pods nothing is known about are scored (candidates.unknown_candidates):
-the decisions are exactly those of scoring every pod, over random fleets of mixed pod kinds, prefixes
-held in slots, snapshots, conversations and leases another replica holds."""
+"""Only the slots a picker of fixed order could place are built and scored (pruning.py): the decisions
+are exactly those of scoring every pod, over random fleets of mixed pod kinds, prefixes held in slots,
+snapshots, conversations and leases another replica holds."""
 
 from __future__ import annotations
 
@@ -13,11 +13,8 @@ from llamafleet_core.index.base import IndexUnavailable
 from llamafleet_core.index.memory import InMemoryPrefixIndex
 from llamafleet_core.index.memory_leases import InMemorySlotLeases
 from llamafleet_core.types import Lookup, PromptTags, SlotRef, SnapshotRef
-from llamafleet_router.scheduling.candidates import known_pods, pod_kind, slot_groups, unknown_candidates
 from llamafleet_router.scheduling.config import default_config, load_config
 from llamafleet_router.scheduling.framework import EndpointState, SchedRequest
-from llamafleet_router.scheduling.plugins.scorers.free_slots import FreeSlotsScorer
-from llamafleet_router.scheduling.pod_rows import PodRows
 from llamafleet_router.scheduling.scheduler import Scheduler
 from tests.router.scheduling.fakes import BLOCK_CHARS, MODEL, chain, endpoint, prompt, text_hash
 
@@ -134,25 +131,3 @@ async def test_the_default_pipeline_prunes_alike_with_the_index_down(seed: int) 
                           score_every_pod=not prune)
         decided.append(outcome(await sched.schedule(req, states)))
     assert decided[0] == decided[1] and decided[0][3] == "degraded_hash"
-
-
-def test_unknown_pods_get_candidates_only_for_the_best_of_each_kind() -> None:
-    """By weighted pod-level total, then uid; pods the lookup or a nomination names are left to
-    `candidates`; each chosen pod's candidate is its idle slot released longest ago."""
-    rng = random.Random(1)
-    states = fleet(rng)
-    snap = SnapshotRef("fs-x", states[1].uid, 4, 256, 1000)
-    known = known_pods({states[0].uid: {0: 3}}, Lookup(snapshots=(snap,)))
-    assert known == {states[0].uid, states[1].uid}
-    free = {s.uid: len(s.idle_slots) / SLOTS for s in states}
-    rows = PodRows([(FreeSlotsScorer("free"), "free-slots", "free", 2.0)]).refresh(states)
-    found = unknown_candidates(rows, known, keep=2, idle_only=True)
-    uids = [c.key.pod_uid for c in found]
-    assert not known & set(uids) and len(uids) == len(set(uids))
-    for kind in {pod_kind(s.endpoint) for s in states[2:]}:
-        mine = [s for s in states[2:] if pod_kind(s.endpoint) == kind and s.idle_slots]
-        best = sorted(mine, key=lambda s: (-free[s.uid], s.uid))[:2]
-        assert sorted(u for u in uids if u in {s.uid for s in mine}) == sorted(s.uid for s in best)
-    for c in found:
-        assert c.slot in c.state.idle_slots
-    assert slot_groups(Lookup(), ()) == {}
