@@ -110,11 +110,14 @@ class BoundedLoadFilter:
     def _given_anywhere(
         self, req: SchedRequest, state: CycleState, endpoints: Sequence[EndpointState]
     ) -> int:
-        """The blocks of the prompt a snapshot gives any pod that restores (0 when none does)."""
-        if not any(e.endpoint.restores and e.endpoint.agent_url for e in endpoints):
-            return 0
+        """The blocks of the prompt a snapshot gives any pod that restores (0 when none does). The
+        snapshots first: without one the fleet is not walked (at 1,000 pods that walk, where no pod
+        restores, was a tenth of a decision)."""
         lookup = state.read(LOOKUP, NO_LOOKUP)
-        return max((s.n_blocks for s in lookup.snapshots if extends_strictly(req.prompt, s)), default=0)
+        given = max((s.n_blocks for s in lookup.snapshots if extends_strictly(req.prompt, s)), default=0)
+        if given and any(e.endpoint.restores and e.endpoint.agent_url for e in endpoints):
+            return given
+        return 0
 
 
 SPEC = PluginSpec(
