@@ -14,6 +14,7 @@ with a new state, so a stale row can never be read for it.
 
 from __future__ import annotations
 
+import bisect
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import NamedTuple
@@ -51,6 +52,9 @@ class PodRows:
         # The same rows by the identity of their view: a row keeps its view alive, so no other object
         # has its id, and a request's rows are found in C (reading each view's uid took twice as long).
         self._by_view: dict[int, PodRow] = {}
+        # Per (model, pod kind): the orders of its rows, best first, kept sorted as rows come and go,
+        # so that a request finds the best pods of a kind without ranking the fleet (`pruning.py`).
+        self._ranked: dict[tuple[str, int], list[tuple[float, str]]] = {}
 
     def refresh(self, endpoints: Sequence[EndpointState], report: Report | None = None) -> list[PodRow]:
         """The rows of `endpoints`, in their order, those of new views computed now."""
@@ -73,13 +77,32 @@ class PodRows:
                 total = sum(w * v for w, v in zip(weights, scores, strict=True))
                 # A pod's new row goes last (the newest), and when the rows are full the row kept
                 # longest goes: pods come and go.
-                if (was := rows.pop(uid, None)) is not None:
+                if (was := rows.pop(uid, None)) is None and len(rows) >= room:
+                    was = rows.pop(next(iter(rows)))
+                if was is not None:
                     del by_view[id(was.state)]
-                elif len(rows) >= room:
-                    del by_view[id(rows.pop(next(iter(rows))).state)]
-                rows[uid] = by_view[id(s)] = out[i] = PodRow(s, uid, pod_kind(s.endpoint), scores, total,
-                                                             (-total, uid))
+                    self._unrank(was)
+                row = PodRow(s, uid, pod_kind(s.endpoint), scores, total, (-total, uid))
+                rows[uid] = by_view[id(s)] = out[i] = row
+                bisect.insort(self._ranked.setdefault((s.endpoint.model, row.kind), []), row.order)
         return out  # type: ignore[return-value]  # every None was replaced above
+
+    def _unrank(self, row: PodRow) -> None:
+        key = (row.state.endpoint.model, row.kind)
+        orders = self._ranked[key]
+        del orders[bisect.bisect_left(orders, row.order)]
+        if not orders:
+            del self._ranked[key]
+
+    def ranked(self, model: str) -> Iterator[tuple[int, Sequence[tuple[float, str]]]]:
+        """Per kind of `model`'s pods: the orders (`PodRow.order`) of the rows kept, best first, every
+        row's, not only those of the last `refresh` (valid until the next `refresh`)."""
+        return ((kind, orders) for (of, kind), orders in self._ranked.items() if of == model)
+
+    @property
+    def by_uid(self) -> Mapping[str, PodRow]:
+        """The rows kept, by pod uid: each pod's latest (valid until the next `refresh`)."""
+        return self._rows
 
     def column(self, position: int) -> Mapping[str, float]:
         """The scores of the `position`-th pod-local scorer, by pod uid, as the weighing reads a

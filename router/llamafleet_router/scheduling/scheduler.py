@@ -57,6 +57,7 @@ from llamafleet_router.scheduling.framework import (
     SlotNominator,
 )
 from llamafleet_router.scheduling.placement import Placement, queued_decision
+from llamafleet_router.scheduling.plugins.filters.model import ModelFilter
 from llamafleet_router.scheduling.plugins.scorers.session_affinity import SessionAffinityScorer
 from llamafleet_router.scheduling.pod_rows import PodRows
 from llamafleet_router.scheduling.pruning import pruned_candidates
@@ -151,6 +152,9 @@ class Scheduler:
         self._prunes = (not score_every_pod and isinstance(self.picker, OrderedPicker)
                         and self.picker.orders_ties_by_pod)
         self._keep = config.leases.max_attempts  # the most candidates placement tries
+        # Every ranked pod serves the request's model: the pods nothing is known about may then be read
+        # from the pod rows' ranking of that model's pods (`pruning.py`).
+        self._one_model = any(f.type_name == ModelFilter.type_name for f in self.filters)
 
     # ---- the pipeline ------------------------------------------------------------------------
 
@@ -245,7 +249,8 @@ class Scheduler:
             groups, singled = prune
             candidates = [*candidates, *pruned_candidates(
                 rows, groups, singled, self._keep, idle_only=idle_only,
-                extra_total=extra_total if per_request else None)]
+                extra_total=extra_total if per_request else None,
+                ranking=(self._rows, req.model) if self._one_model else None)]
         for scorer, weight in by_slot:
             started = clock()
             scores = scorer.score(req, state, candidates)

@@ -60,12 +60,12 @@ def test_of_pods_whose_totals_tie_only_the_first_by_uid_contend() -> None:
     assert [r.uid for r in contenders(pods, 3)] == ["uid-p000", "uid-p001", "uid-p002"]
 
 
-def _groups(rng: random.Random, states: list[EndpointState]) -> tuple[Groups, set[str]]:
-    """A prompt held on most pods in two run lengths, some slots holding its head exactly; a snapshot
+def _groups(rng: random.Random, states: list[EndpointState], held: int = 45) -> tuple[Groups, set[str]]:
+    """A prompt held on `held` pods in two run lengths, some slots holding its head exactly; a snapshot
     on one pod, a conversation's slot on another."""
     head = (8, 12)
     lookup = Lookup(
-        slots={SlotRef(s.uid, slot): rng.choice(head) for s in rng.sample(states, 45)
+        slots={SlotRef(s.uid, slot): rng.choice(head) for s in rng.sample(states, held)
                for slot in rng.sample(range(SLOTS), rng.randrange(1, 3))},
         snapshots=(SnapshotRef("fs-a", states[0].uid, 8, 512, 1000),),
         conversation=SlotRef(states[1].uid, 2))
@@ -79,22 +79,43 @@ def _bucket(c: Candidate, groups: Groups) -> tuple[int, int | None]:
     return pod_kind(c.endpoint), groups.get(c.key.pod_uid, {}).get(c.slot)
 
 
+class _Nudged:
+    """A pod-local score of a few values, some nudged by less than TIE (pickers may order those either
+    way), drawn per pod: the totals that make contenders reach past the best few."""
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+
+    def score_pod(self, endpoint: EndpointState) -> float:
+        rng = random.Random(f"{self.seed}-{endpoint.uid}")
+        return rng.choice((0.25, 0.5, 0.75)) + rng.choice((0.0, 0.0, 3e-9, -3e-9))
+
+
+@pytest.mark.parametrize("ranked", [False, True], ids=["listed", "ranked"])
 @pytest.mark.parametrize("idle_only", [True, False])
 @pytest.mark.parametrize("seed", range(20))
 def test_each_bucket_yields_the_candidates_of_its_contenders_and_singled_pods_yield_all(
-        seed: int, idle_only: bool) -> None:
+        seed: int, idle_only: bool, ranked: bool) -> None:
     """Against every candidate (`candidates`): those of pods singled out, or named and whose slots share
-    what the pod holds, all; and of the others, per (pod kind, group), the same candidates as the contenders
-    among all of them by the rows' totals."""
+    what the pod holds, all; and of the others, per (pod kind, group), the same candidates as the
+    contenders among all of them by the rows' totals. `ranked`: the pods nothing is known about are read
+    from the rows' ranking, which holds rows of pods the request does not have too (another model's, a
+    pod a filter dropped, views seen before)."""
     rng = random.Random(seed)
     states = fleet(rng)
-    groups, singled = _groups(rng, states)
-    endpoints = [s for s in states if s.idle_slots] if idle_only else states
-    rows = PodRows([(FreeSlotsScorer("free"), "free-slots", "free", 1.0),
-                    (QueueDepthScorer("queue"), "queue-depth", "queue", 0.5)]).refresh(endpoints)
+    groups, singled = _groups(rng, states, held=rng.choice((0, 5, 45)))  # with few, the unknown pods lead
+    endpoints = [s for s in states if s.endpoint.model == MODEL and (s.idle_slots or not idle_only)]
+    book = PodRows([(FreeSlotsScorer("free"), "free-slots", "free", 1.0),
+                    (_Nudged(seed), "nudged", "nudged", 1.0),  # type: ignore[list-item]
+                    (QueueDepthScorer("queue"), "queue-depth", "queue", 0.5)])
+    if ranked:
+        book.refresh(states)
+        endpoints = [s for s in endpoints if rng.random() > 0.2]  # those the filters keep
+    rows = book.refresh(endpoints)
     total = {row.uid: row.total for row in rows}
     keep = rng.choice((1, 2, 3))
-    found = pruned_candidates(rows, groups, singled, keep, idle_only=idle_only)
+    found = pruned_candidates(rows, groups, singled, keep, idle_only=idle_only,
+                              ranking=(book, MODEL) if ranked else None)
     every = candidates(endpoints, groups, idle_only=idle_only)
     assert len(found) == len({c.key for c in found}) and len(found) < len(every)
 
