@@ -21,6 +21,7 @@ can pass tiny fakes, and this module stays importable whatever the concrete clas
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -112,6 +113,9 @@ class SchedRequest:
     session_id: str | None = None
 
 
+_VIEWS = itertools.count()  # `EndpointState.view`: unique within the process, never reused
+
+
 @dataclass(frozen=True, slots=True)
 class EndpointState:
     """An endpoint plus its load, as discovery and the router's own in-flight bookkeeping know it.
@@ -134,12 +138,16 @@ class EndpointState:
     slot_requests: Mapping[int, int] = field(default_factory=dict, compare=False)
     # Computed once at construction: filters and scorers read it per request, often per candidate.
     idle_slots: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    # A number no other view of this process has: what the scheduler keeps per view is found by it
+    # (pod_rows.py; `id()` of a thousand views allocated a thousand ints per request).
+    view: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         busy = self.busy_slots
         idle = tuple(s for s in range(self.endpoint.n_slots) if s not in busy) if busy else tuple(
             range(self.endpoint.n_slots))
         object.__setattr__(self, "idle_slots", idle)
+        object.__setattr__(self, "view", next(_VIEWS))
 
     @property
     def uid(self) -> str:

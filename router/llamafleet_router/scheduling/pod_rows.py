@@ -17,7 +17,7 @@ from __future__ import annotations
 import bisect
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import NamedTuple
+from dataclasses import dataclass
 
 from llamafleet_router.scheduling.candidates import pod_kind
 from llamafleet_router.scheduling.framework import EndpointState, PodLocalScorer, clamp01
@@ -30,8 +30,10 @@ _TRACKED_PODS = 4096
 Report = Callable[[str, str, float], None]
 
 
-class PodRow(NamedTuple):
-    """One pod's view with what every request would compute of it alike."""
+@dataclass(frozen=True, slots=True, eq=False)
+class PodRow:
+    """One pod's view with what every request would compute of it alike. Compared and hashed by
+    identity: a request's rows are a set in C (`pruning.py`), and each row stands for one view."""
 
     state: EndpointState
     uid: str
@@ -39,6 +41,10 @@ class PodRow(NamedTuple):
     scores: tuple[float, ...]  # each pod-local scorer's clamped score, in the order given to `PodRows`
     total: float  # their weighted sum
     order: tuple[float, str]  # (-total, uid): how a picker of fixed order ranks pods whose slots score alike
+
+    def with_total(self, total: float) -> PodRow:
+        """The row with another total (pod-level scores that the request adds), not kept."""
+        return PodRow(self.state, self.uid, self.kind, self.scores, total, (-total, self.uid))
 
 
 class PodRows:
@@ -49,8 +55,9 @@ class PodRows:
         """`scorers`: (scorer, its type name, its name, its weight) of each pod-local scorer."""
         self._scorers = tuple(scorers)
         self._rows: dict[str, PodRow] = {}
-        # The same rows by the identity of their view: a row keeps its view alive, so no other object
-        # has its id, and a request's rows are found in C (reading each view's uid took twice as long).
+        # The same rows by their views' numbers (`EndpointState.view`): a request's rows are found
+        # with one read per view (reading each view's uid and checking the row's view took 2.5 times
+        # as long).
         self._by_view: dict[int, PodRow] = {}
         # Per (model, pod kind): the orders of its rows, best first, kept sorted as rows come and go,
         # so that a request finds the best pods of a kind without ranking the fleet (`pruning.py`).
@@ -59,8 +66,8 @@ class PodRows:
     def refresh(self, endpoints: Sequence[EndpointState], report: Report | None = None) -> list[PodRow]:
         """The rows of `endpoints`, in their order, those of new views computed now."""
         rows, by_view = self._rows, self._by_view
-        out = list(map(by_view.get, map(id, endpoints)))
-        stale = [i for i, row in enumerate(out) if row is None] if None in out else []
+        out = [by_view.get(s.view) for s in endpoints]
+        stale = [i for i, row in enumerate(out) if row is None]
         if stale:
             columns = []
             for scorer, type_name, name, _ in self._scorers:
@@ -80,10 +87,10 @@ class PodRows:
                 if (was := rows.pop(uid, None)) is None and len(rows) >= room:
                     was = rows.pop(next(iter(rows)))
                 if was is not None:
-                    del by_view[id(was.state)]
+                    del by_view[was.state.view]
                     self._unrank(was)
                 row = PodRow(s, uid, pod_kind(s.endpoint), scores, total, (-total, uid))
-                rows[uid] = by_view[id(s)] = out[i] = row
+                rows[uid] = by_view[s.view] = out[i] = row
                 bisect.insort(self._ranked.setdefault((s.endpoint.model, row.kind), []), row.order)
         return out  # type: ignore[return-value]  # every None was replaced above
 

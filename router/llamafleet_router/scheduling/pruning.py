@@ -53,8 +53,7 @@ def pruned_candidates(
     pods nothing is known about are read best first from the rows' kept ranking (`PodRows.ranked`)
     instead of ranked anew: at 1,000 pods, splitting and ranking them was a fifth of a decision."""
     if extra_total is not None:
-        rows = [row._replace(total=(total := row.total + extra_total(row.uid)), order=(-total, row.uid))
-                for row in rows]
+        rows = [row.with_total(row.total + extra_total(row.uid)) for row in rows]
         ranking = None  # the totals are the request's own
     known = groups.keys() | singled
     pool: list[PodRow] = []  # the pods with a slot nothing is known about
@@ -63,8 +62,8 @@ def pruned_candidates(
         for row in rows:  # one loop: two comprehensions reading every uid took twice as long
             (named if row.uid in known else pool).append(row)
     else:
-        by_uid, current = ranking[0].by_uid, set(map(id, rows))
-        named = [found for uid in known if (found := by_uid.get(uid)) is not None and id(found) in current]
+        by_uid, current = ranking[0].by_uid, set(rows)  # rows hash by identity
+        named = [found for uid in known if (found := by_uid.get(uid)) in current]
     out: list[Candidate] = []
     buckets: dict[tuple[int, int], list[PodRow]] = {}
     for row in named:
@@ -101,14 +100,14 @@ def pruned_candidates(
     return out
 
 
-def _ranked_contenders(orders: Sequence[tuple[float, str]], by_uid: Mapping[str, PodRow], current: set[int],
-                       known: set[str], keep: int) -> list[PodRow]:
+def _ranked_contenders(orders: Sequence[tuple[float, str]], by_uid: Mapping[str, PodRow],
+                       current: set[PodRow], known: set[str], keep: int) -> list[PodRow]:
     """`contenders` of the rows that `orders` (best first) name, of those in `current` (by identity)
     and not `known`, read from the best: the first `keep`, and past them, only where a total within
     `TIE` may join them, those down to `TIE` below the lowest of theirs."""
     best: list[PodRow] = []
     for _, uid in orders:
-        if uid not in known and id(row := by_uid[uid]) in current:
+        if uid not in known and (row := by_uid[uid]) in current:
             best.append(row)
             if len(best) == keep:
                 break
@@ -117,9 +116,9 @@ def _ranked_contenders(orders: Sequence[tuple[float, str]], by_uid: Mapping[str,
     low = best[-1].total
     below, end = (bisect.bisect_right(orders, edge, key=_FIRST) for edge in (-low, TIE - low))
     if not any(low < row.total <= low + TIE for row in best) and not any(
-            uid not in known and id(by_uid[uid]) in current for _, uid in orders[below:end]):
+            uid not in known and by_uid[uid] in current for _, uid in orders[below:end]):
         return best
-    near = [row for _, uid in orders[:end] if uid not in known and id(row := by_uid[uid]) in current]
+    near = [row for _, uid in orders[:end] if uid not in known and (row := by_uid[uid]) in current]
     return contenders(near, keep)
 
 
