@@ -35,7 +35,7 @@ from llamafleet_router.scheduling.framework import Candidate
 from llamafleet_router.scheduling.pod_rows import PodRow, PodRows
 from llamafleet_router.scheduling.weighing import TIE
 
-_ORDER, _KIND, _UID, _TOTAL = (operator.attrgetter(name) for name in ("order", "kind", "uid", "total"))
+_ORDER, _UID = operator.attrgetter("order"), operator.attrgetter("uid")
 _FIRST = operator.itemgetter(0)
 
 
@@ -88,7 +88,7 @@ def pruned_candidates(
     for (_, group), pods in buckets.items():
         out.extend(_representative(row, groups[row.uid], group, idle_only) for row in contenders(pods, keep))
     if ranking is None:
-        kinds = dict.fromkeys(map(_KIND, pool))  # in order of first sight: a stable output
+        kinds = dict.fromkeys([row.kind for row in pool])  # in order of first sight: a stable output
         by_kind = ((pool if len(kinds) == 1 else [row for row in pool if row.kind == kind]) for kind in kinds)
     else:  # `pool` holds the named pods' rows only: the others are read from the ranking
         book, model = ranking
@@ -151,7 +151,7 @@ def contenders(pods: list[PodRow], keep: int) -> list[PodRow]:
     best = heapq.nsmallest(keep, pods, key=_ORDER)
     low = best[-1].total
     if not any(low < row.total <= low + TIE for row in best) and \
-            not any(low - TIE <= total < low for total in set(map(_TOTAL, pods))):  # few distinct totals
+            not any(low - TIE <= total < low for total in {row.total for row in pods}):  # few distinct totals
         return best
     by_total: dict[float, list[PodRow]] = {}
     for row in pods:
