@@ -5,11 +5,12 @@ The router keeps each pod's `EndpointState` until a request begins or ends on th
 replaces it (fleet/state.py), so between two requests only the few pods that changed have a new view.
 Scoring every pod's queue and free slots again per request, and weighing and ranking each pod by them
 (`pruning.py`), was a large part of a decision at fleet scale (docs/design.md,
-"Gateway process"); a row per view makes that one identity check per pod and a few scorer calls per
-request.
+"Gateway process"); a row per view makes that one dict read per pod and a few scorer calls per
+request. The rows also keep their pods ranked, per model and pod kind, as they come and go (`ranked`),
+so that a request reads the best pods nothing is known about from the front (`pruning.py`).
 
-A row is current while its state is the very object the request's endpoints hold: a changed pod comes
-with a new state, so a stale row can never be read for it.
+A row is found by its view's own number (`EndpointState.view`), which no other view has: a changed pod
+comes with a new view, so a stale row can never be read for it.
 """
 
 from __future__ import annotations

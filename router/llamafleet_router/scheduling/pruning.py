@@ -20,7 +20,7 @@ slots too. The few that remain are pruned exactly by `weighing.best_alike` once 
 
 A prefix that the agents of a large fleet share is held on hundreds of pods: building, scoring and
 grouping a candidate on each of them before all but a few were dropped was the 99th percentile of a
-decision at 1,000 pods (docs/design.md, "Gateway process").
+decision at 1,000 pods (docs/design.md, "Scheduling").
 """
 
 from __future__ import annotations

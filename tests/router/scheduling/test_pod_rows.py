@@ -3,6 +3,7 @@ and a scheduler reused over a fleet whose views change decides exactly as a new 
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from typing import Any, ClassVar
 
@@ -192,3 +193,41 @@ profile:
         assert (decision.endpoint.pod.uid in queued_pods) is queued, session
         await sched.release(decision)
 
+
+
+def test_views_are_numbered_apart_and_still_compare_by_their_fields() -> None:
+    """`EndpointState.view`, which rows are found by: another view of the same pod, even an equal one,
+    has another number, so a kept row never stands for a view it was not computed from."""
+    s = fleet(random.Random(8))[0]
+    again = EndpointState(s.endpoint, busy_slots=s.busy_slots, queue_depth=s.queue_depth,
+                          in_flight=s.in_flight, slot_last_used=s.slot_last_used)
+    replaced = dataclasses.replace(s, queue_depth=s.queue_depth + 1)
+    assert again == s and len({s.view, again.view, replaced.view}) == 3
+    rows = PodRows([(_Counting("queue"), "queue-depth", "queue", 1.0)])
+    first, = rows.refresh([s])
+    second, = rows.refresh([again])
+    assert second is not first and second.state is again
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_the_kept_ranking_holds_every_kept_row_in_order(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After views change, pods leave (rows forgotten when full) and another model's pods come: per
+    model and pod kind, `ranked` names exactly the rows kept, best first."""
+    monkeypatch.setattr(pod_rows, "_TRACKED_PODS", 40)
+    rng = random.Random(seed)
+    states = fleet(rng) + [EndpointState(dataclasses.replace(s.endpoint, model="other"))
+                           for s in fleet(random.Random(seed + 100))[:10]]
+    rows = PodRows([(QueueDepthScorer("queue"), "queue-depth", "queue", 1.0),
+                    (FreeSlotsScorer("free"), "free-slots", "free", 0.5)])
+    for _ in range(30):
+        for i in rng.sample(range(len(states)), 8):
+            states[i] = changed(rng, states[i])
+        rows.refresh(rng.sample(states, rng.randrange(5, 30)))
+    kept = list(rows.by_uid.values())
+    for model in (MODEL, "other"):
+        expected: dict[int, list[tuple[float, str]]] = {}
+        for row in kept:
+            if row.state.endpoint.model == model:
+                expected.setdefault(row.kind, []).append(row.order)
+        got = {kind: list(orders) for kind, orders in rows.ranked(model)}
+        assert got == {kind: sorted(orders) for kind, orders in expected.items()}
