@@ -38,8 +38,6 @@ from llamafleet_router.scheduling.framework import (
 log = logging.getLogger(__name__)
 
 
-
-
 class PrefixLookupParams(PluginParams):
     timeout_s: float = Field(default=0.25, gt=0)
 
