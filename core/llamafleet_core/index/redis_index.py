@@ -11,9 +11,10 @@ part of the name). A model's keys are on one shard; a cluster spreads models, no
 - `P:M:b:{hash}`      ZSET, members `pod_uid#slot` (`SlotRef.key()`), score = the entry's deadline
                       (server ms). Scoring by deadline rather than last use lets every reader filter
                       expired members with one range query, whatever TTL the writer used.
-- `P:M:slot:{slotkey}` HASH `blocks` (JSON list), `n_tokens`, `deadline`, `conv`, `head`: what the slot
-                      holds, so that `record_slot` can drop the slot from blocks and tags it no longer
-                      holds.
+- `P:M:slot:{slotkey}` HASH `chain` (the hashes as one string) and `w` (their width), or `blocks` (a
+                      JSON list: hashes of mixed widths, and records before 2026-12-07), `n_tokens`,
+                      `deadline`, `conv`, `head`: what the slot holds, so that `record_slot` can drop
+                      the slot from blocks and tags it no longer holds.
 - `P:M:conv:{tag}`    STRING slot key: the slot last recorded with this conversation tag, trusted only
                       while that slot's `conv` still is the tag.
 - `P:M:head:{tag}`    SET of the slot keys whose latest record had this head tag.

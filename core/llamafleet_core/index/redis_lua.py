@@ -42,6 +42,29 @@ local function add_member(key, deadline, member, now, ttl)
   redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
   extend(key, ttl)
 end
+local function split(blob, width)
+  local chain = {}
+  for i = 1, math.floor(#blob / width) do chain[i] = string.sub(blob, (i - 1) * width + 1, i * width) end
+  return chain
+end
+-- How many whole blocks two chains of `width`-wide hashes share at their start (a binary search of
+-- prefix comparisons: each is one C-level string comparison).
+local function common_blocks(a, b, width)
+  local lo, hi = 0, math.floor(math.min(#a, #b) / width)
+  if string.sub(a, 1, hi * width) == string.sub(b, 1, hi * width) then return hi end
+  while lo + 1 < hi do  -- the first `lo` blocks are shared, the first `hi` are not
+    local mid = math.floor((lo + hi) / 2)
+    if string.sub(a, 1, mid * width) == string.sub(b, 1, mid * width) then lo = mid else hi = mid end
+  end
+  return lo
+end
+-- The chain a slot's hash holds: `chain` (one string of `w`-wide hashes), or `blocks` (a JSON list: hashes
+-- of mixed widths, and the records of versions before 2026-12-07).
+local function stored_chain(fields)
+  if fields[1] then return split(fields[1], tonumber(fields[2])) end
+  if fields[3] then return cjson.decode(fields[3]) end
+  return {}
+end
 """
 
 # KEYS: base, the pod's set in this model; ARGV: slot key, ttl ms, n_tokens, conversation tag, head tag
@@ -52,45 +75,65 @@ end
 # A slot re-recorded within the first tenth of its TTL (a session's next turn: the same prefix plus a
 # new tail) only adds its new blocks: refreshing all 240 block sets cost ~4 commands each. The slot's
 # stored `deadline` stays the EARLIEST deadline of its blocks, so the next record after that tenth
-# refreshes everything and no block outlives its slot or expires under a live one.
+# refreshes everything and no block outlives its slot or expires under a live one. Chains are stored as
+# one string too: the prefix both chains share is found with a few string comparisons, and only the
+# two tails beyond it are cut into hashes and diffed (splitting and diffing both 250-hash chains was
+# most of a record's ~130 us in Redis; a session's next turn now costs ~20 us).
 RECORD_SLOT = PRELUDE + """
 local base, podkey, member, ttl, ntok = KEYS[1], KEYS[2], ARGV[1], tonumber(ARGV[2]), ARGV[3]
 local conv, head, width = ARGV[4], ARGV[5], tonumber(ARGV[6])
 local now = now_ms()
 local deadline = now + ttl
 local skey = base .. 'slot:' .. member
-local new, chain = {}, {}
-if width > 0 then
-  local blob = ARGV[7]
-  for i = 1, math.floor(#blob / width) do chain[i] = string.sub(blob, (i - 1) * width + 1, i * width) end
-else
-  for i = 7, #ARGV do chain[#chain + 1] = ARGV[i] end
-end
-if #chain == 0 then conv, head = '', '' end
+local chain, blob = {}, nil
+if width > 0 then blob = ARGV[7] else for i = 7, #ARGV do chain[#chain + 1] = ARGV[i] end end
+local n = blob and math.floor(#blob / width) or #chain
+if n == 0 then conv, head = '', '' end
 untag(base, skey, member, conv, head)
-for _, h in ipairs(chain) do new[h] = true end
-local old = redis.call('HGET', skey, 'blocks')
-local held, stored = {}, deadline
-if old then
-  local old_deadline = tonumber(redis.call('HGET', skey, 'deadline') or 0)
-  local fresh = old_deadline - now > ttl * 0.9
-  for _, h in ipairs(cjson.decode(old)) do
-    if not new[h] then redis.call('ZREM', base .. 'b:' .. h, member)
-    elseif fresh then held[h] = true end
-  end
-  if fresh then stored = old_deadline end
+local old = redis.call('HMGET', skey, 'chain', 'w', 'blocks', 'deadline')
+local old_deadline = tonumber(old[4] or 0)
+local fresh = old_deadline - now > ttl * 0.9
+-- `same`: the blocks the slot held and holds again, as a prefix of both chains. Beyond it, the chains
+-- part for good (a hash covers everything before it), so only the two tails need comparing.
+local same, prev = 0, nil
+if blob and old[1] and tonumber(old[2]) == width then
+  same = common_blocks(old[1], blob, width)
+  prev = split(string.sub(old[1], same * width + 1), width)
+else
+  prev = stored_chain(old)
 end
+local tail = chain
+if blob then tail = split(string.sub(blob, same * width + 1), width) end
+local new, held = {}, {}
+for _, h in ipairs(tail) do new[h] = true end
+for _, h in ipairs(prev) do
+  if not new[h] then redis.call('ZREM', base .. 'b:' .. h, member)
+  elseif fresh then held[h] = true end
+end
+local stored = fresh and old_deadline or deadline
 local podentry = cjson.encode({'s', base, member})
-if #chain == 0 then
+if n == 0 then
   redis.call('DEL', skey)
   redis.call('SREM', podkey, podentry)
   return 0
 end
-for _, h in ipairs(chain) do
+if not fresh then  -- the shared prefix's entries expire first: refresh them
+  for i = 1, same do
+    add_member(base .. 'b:' .. string.sub(blob, (i - 1) * width + 1, i * width), deadline, member, now, ttl)
+  end
+end
+for _, h in ipairs(tail) do
   if not held[h] then add_member(base .. 'b:' .. h, deadline, member, now, ttl) end
 end
-redis.call('HSET', skey, 'blocks', cjson.encode(chain), 'n_tokens', ntok, 'deadline', stored, 'conv', conv,
-           'head', head)
+if blob then
+  redis.call('HSET', skey, 'chain', blob, 'w', width, 'n_tokens', ntok, 'deadline', stored, 'conv', conv,
+             'head', head)
+  if old[3] then redis.call('HDEL', skey, 'blocks') end
+else
+  redis.call('HSET', skey, 'blocks', cjson.encode(chain), 'n_tokens', ntok, 'deadline', stored, 'conv', conv,
+             'head', head)
+  if old[1] then redis.call('HDEL', skey, 'chain', 'w') end
+end
 redis.call('PEXPIRE', skey, ttl)
 if conv ~= '' then redis.call('SET', base .. 'conv:' .. conv, member, 'PX', ttl) end
 if head ~= '' then
@@ -99,7 +142,7 @@ if head ~= '' then
 end
 redis.call('SADD', podkey, podentry)
 extend(podkey, ttl)
-return #chain
+return n
 """
 
 # KEYS: base; ARGV: width, conversation tag, head tag ('' for none), head blocks, then the block hashes: when
@@ -115,20 +158,27 @@ return #chain
 # (O(slots log D), for many distinct run lengths), whichever touches less. ZDIFF measured slower than
 # the diff in Lua. A walk of every block costs n * slots instead. Slots come back grouped by run length,
 # so a group that a whole set makes up is joined in C (`table.concat`), not member by member in Lua.
-# Snapshots: one SMISMEMBER finds which query blocks end some snapshot; only those are read.
+# Snapshots: which query blocks end some snapshot? When few blocks do in the whole model (`snaplast`), each
+# is searched for in the query string at a hash boundary; else one SMISMEMBER over the query's hashes.
+# Only those blocks' snapshots are read. The query is cut into hashes only where a step needs one:
+# cutting all 250 was a quarter of a lookup's time in Redis.
 LOOKUP = PRELUDE + """
 local base, width, conv, head, hb = KEYS[1], tonumber(ARGV[1]), ARGV[2], ARGV[3], tonumber(ARGV[4])
-local q = {}
-if width > 0 then
-  local blob = ARGV[5]
-  for i = 1, math.floor(#blob / width) do q[i] = string.sub(blob, (i - 1) * width + 1, i * width) end
-else
-  for i = 5, #ARGV do q[#q + 1] = ARGV[i] end
+local q, blob = {}, nil
+if width > 0 then blob = ARGV[5] else for i = 5, #ARGV do q[#q + 1] = ARGV[i] end end
+local n = blob and math.floor(#blob / width) or #q
+-- The query's i-th hash, cut from the blob when first needed: the searches below read ~20 of 250.
+local function hash(i)
+  local h = q[i]
+  if h == nil then
+    h = string.sub(blob, (i - 1) * width + 1, i * width)
+    q[i] = h
+  end
+  return h
 end
-local n = #q
 local now = now_ms()
 local lo = '(' .. now
-local function bkey(i) return base .. 'b:' .. q[i] end
+local function bkey(i) return base .. 'b:' .. hash(i) end
 local function count(i) return redis.call('ZCOUNT', bkey(i), lo, '+inf') end
 local function live(i) return redis.call('ZRANGEBYSCORE', bkey(i), lo, '+inf') end
 local groups, exact = {}, {}
@@ -199,15 +249,28 @@ if c1 > 0 then
   end
 end
 local snaps = {}
-if n >= 1 then
-  local catalog = base .. 'snaps'
-  local hits = redis.call('SMISMEMBER', base .. 'snaplast', unpack(q))
-  for i = 1, n do
-    if hits[i] == 1 then
-      for _, id in ipairs(redis.call('ZRANGEBYSCORE', base .. 'snap:' .. q[i], lo, '+inf')) do
-        local raw = redis.call('HGET', catalog, id)
-        if raw and tonumber(cjson.decode(raw).n_blocks) == i then snaps[#snaps + 1] = raw end
+local lasts = n >= 1 and redis.call('SCARD', base .. 'snaplast') or 0
+if lasts > 0 then
+  local hits = {}  -- the query's positions where some snapshot ends, ascending
+  if blob and lasts * 8 < n then
+    for _, h in ipairs(redis.call('SMEMBERS', base .. 'snaplast')) do
+      if #h == width then
+        local at = string.find(blob, h, 1, true)
+        while at and (at - 1) % width ~= 0 do at = string.find(blob, h, at + 1, true) end
+        if at then hits[#hits + 1] = (at - 1) / width + 1 end
       end
+    end
+    table.sort(hits)
+  else
+    for i = 1, n do hash(i) end
+    local flags = redis.call('SMISMEMBER', base .. 'snaplast', unpack(q, 1, n))
+    for i = 1, n do if flags[i] == 1 then hits[#hits + 1] = i end end
+  end
+  local catalog = base .. 'snaps'
+  for _, i in ipairs(hits) do
+    for _, id in ipairs(redis.call('ZRANGEBYSCORE', base .. 'snap:' .. hash(i), lo, '+inf')) do
+      local raw = redis.call('HGET', catalog, id)
+      if raw and tonumber(cjson.decode(raw).n_blocks) == i then snaps[#snaps + 1] = raw end
     end
   end
 end
@@ -232,11 +295,11 @@ for _, e in ipairs(redis.call('SMEMBERS', podkey)) do
   local kind, base, id = ref[1], ref[2], ref[3]
   if kind == 's' then
     local skey = base .. 'slot:' .. id
-    local blocks = redis.call('HGET', skey, 'blocks')
+    local fields = redis.call('HMGET', skey, 'chain', 'w', 'blocks', 'deadline')
     untag(base, skey, id, '', '')
-    if blocks then
-      for _, h in ipairs(cjson.decode(blocks)) do redis.call('ZREM', base .. 'b:' .. h, id) end
-      if tonumber(redis.call('HGET', skey, 'deadline')) > now then removed = removed + 1 end
+    if fields[4] then
+      for _, h in ipairs(stored_chain(fields)) do redis.call('ZREM', base .. 'b:' .. h, id) end
+      if tonumber(fields[4]) > now then removed = removed + 1 end
       redis.call('DEL', skey)
     end
   else
