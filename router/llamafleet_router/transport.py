@@ -17,6 +17,7 @@ long as it likes: uvicorn's keep-alive timeout starts only after a response, and
   keep-alive timeout (5 s by default, which closes it first).
 
 The body's own time limit is the app's (`api.parse.read_body`): it answers an OpenAI-shaped 408 there.
+Each response's head goes out with its first body bytes, in one write (`held_head.py`).
 """
 
 from __future__ import annotations
@@ -25,11 +26,12 @@ import asyncio
 import json
 import logging
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from llamafleet_router.errors import error_body
+from llamafleet_router.held_head import HeldHead
 from llamafleet_router.settings import RouterSettings
 
 log = logging.getLogger(__name__)
@@ -99,7 +101,11 @@ class BoundedHttpTools(HttpToolsProtocol):  # type: ignore[misc]
         if size > self.bounds.max_bytes:
             self._refused = True  # answered by data_received once the parser returns
             return
+        cycle = self.cycle
         super().on_headers_complete()
+        if self.cycle is not cycle and self.cycle is not None:  # a new request's response (held_head.py)
+            # uvicorn's cycle uses write, close and is_closing; HeldHead passes anything else through
+            self.cycle.transport = cast(asyncio.Transport, HeldHead(self.transport, self.loop))
 
     def on_body(self, body: bytes) -> None:
         if not self._refused:
