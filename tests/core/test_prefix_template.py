@@ -11,6 +11,7 @@ from jinja2 import TemplateError
 
 from llamafleet_core.prefix.jinja_env import render_without_cycles
 from llamafleet_core.prefix.llama_json import llama_str, llama_tojson
+from llamafleet_core.prefix.normalize import normalize_tools
 from llamafleet_core.prefix.template import ChatTemplate, _build_context, canonical_render, render_chat
 from llamafleet_core.prefix.template_cache import TemplateCache
 from llamafleet_testbed.llama_build import source_dir
@@ -273,3 +274,19 @@ def test_contexts_orjson_cannot_write_get_keys_of_their_own() -> None:
     texts = [cache.render(source, context) for context in contexts]
     assert texts == ["[\ud800]1", "[\ud801]1", f"[x]{2**70}", f"[x]{2**70 + 1}", "[x]1"]
     assert [cache.render(source, context) for context in contexts] == texts and cache.render_hits == 5
+
+
+def test_tool_lists_sent_again_in_new_objects_are_normalized_once_each() -> None:
+    """An agent sends the same tools in a new request object every turn: each distinct list is
+    normalized once, an equal list in a new object gets that result, and the latest lists are found
+    by their stored keys (whose hashes are kept) without hashing the new request's JSON."""
+    cache = TemplateCache()
+    lists = [[{"type": "function", "function": {"name": f"tool_{i}_{j}", "parameters": {"type": "object"}}}
+              for j in range(3)] for i in range(6)]
+    first = [cache.tools(json.loads(json.dumps(tools))) for tools in lists]
+    again = [cache.tools(json.loads(json.dumps(tools))) for tools in lists]
+    assert all(a is b for a, b in zip(first, again, strict=True))
+    assert [t.json_text for t in first[0] or []] == [t.json_text for t in normalize_tools(lists[0]) or []]
+    stored = next(iter(cache._recent_keys))
+    assert cache._known_key(bytes(bytearray(stored))) is stored
+    assert cache._known_key(b"[]") == b"[]"

@@ -24,6 +24,7 @@ from llamafleet_core.prefix.normalize import normalize_tools
 __all__ = ["TemplateCache", "TemplateError"]
 
 _MAX_TOOL_LISTS = 32
+_RECENT_KEYS = 4
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,7 @@ class TemplateCache:
         # (an agent sends the same tools on every turn, in a new request object each time).
         self._tools: OrderedDict[int, tuple[Any, list[PrecomputedJson] | None]] = OrderedDict()
         self._tools_by_json: OrderedDict[bytes, list[PrecomputedJson] | None] = OrderedDict()
+        self._recent_keys: list[bytes] = []  # the latest distinct keys of `_tools_by_json` (`_known_key`)
         self._tool_digests: dict[int, tuple[list[PrecomputedJson], bytes]] = {}
         # Block chains of session prefixes, keyed by the render they were cut from (see identity.py).
         self.chains: OrderedDict[tuple[str, bytes, int, str, int], tuple[str, ...]] = OrderedDict()
@@ -73,6 +75,8 @@ class TemplateCache:
             key: bytes | None = orjson.dumps(raw)
         except (TypeError, orjson.JSONEncodeError):  # not plain JSON data: no content key
             key = None
+        if key is not None:
+            key = self._known_key(key)
         if key is not None and key in self._tools_by_json:
             tools = self._tools_by_json[key]
             self._tools_by_json.move_to_end(key)
@@ -80,12 +84,24 @@ class TemplateCache:
             tools = normalize_tools(raw)
             if key is not None:
                 self._tools_by_json[key] = tools
+                self._recent_keys = [key, *self._recent_keys[:_RECENT_KEYS - 1]]
                 if len(self._tools_by_json) > _MAX_TOOL_LISTS:
                     self._tools_by_json.popitem(last=False)
         self._tools[id(raw)] = (raw, tools)
         while len(self._tools) > 8:
             self._tools.popitem(last=False)
         return tools
+
+    def _known_key(self, key: bytes) -> bytes:
+        """The stored key equal to `key`, when it is one of the latest tool lists, else `key`.
+
+        A new bytes object hashes all its bytes on its first dict lookup (~30 us for an agent's 50 KB
+        of schemas, more than the JSON encoding); a stored key's hash is kept, and comparing equal
+        lengths is a memcmp (~4 us)."""
+        for known in self._recent_keys:
+            if known == key:
+                return known
+        return key
 
     def tools_digest(self, tools: list[PrecomputedJson]) -> bytes:
         """Digest of a normalized tool list's JSON texts, computed once per list (they are cached)."""
