@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncIterator
 
 import pytest
 import redis.asyncio as aioredis
 
 from llamafleet_core.index import InMemoryPrefixIndex
-from llamafleet_core.index.redis_conn import connect, connect_index
 from llamafleet_core.index.redis_index import RedisPrefixIndex
 from llamafleet_core.index.resp import RespClient
 from llamafleet_core.types import SlotRef, SnapshotRef
@@ -25,24 +23,6 @@ from tests.core.test_index_contract import chain, text
 pytestmark = pytest.mark.redis
 MODEL = "qwen2-tiny"
 SLOT = SlotRef("pod-a@1", 0)
-
-
-@pytest.fixture
-async def client(redis_url: str) -> AsyncIterator[aioredis.Redis]:
-    c = connect(redis_url)
-    try:
-        yield c
-    finally:
-        await c.aclose()
-
-
-@pytest.fixture
-async def rc(redis_url: str) -> AsyncIterator[RespClient]:
-    c = connect_index(redis_url)
-    try:
-        yield c
-    finally:
-        await c.aclose()
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ import asyncio
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -24,26 +23,6 @@ from tests.core.test_index_contract import chain, text
 
 pytestmark = pytest.mark.redis
 MODEL = "qwen2-tiny"
-
-
-@pytest.fixture
-async def client(redis_url: str) -> AsyncIterator[aioredis.Redis]:
-    """redis-py, to look at what the index wrote."""
-    c = connect(redis_url)
-    try:
-        yield c
-    finally:
-        await c.aclose()
-
-
-@pytest.fixture
-async def rc(redis_url: str) -> AsyncIterator[RespClient]:
-    """The index's own client."""
-    c = connect_index(redis_url)
-    try:
-        yield c
-    finally:
-        await c.aclose()
 
 
 class CountingClient(RespClient):
