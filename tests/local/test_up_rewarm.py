@@ -20,6 +20,7 @@ import pytest
 from llamafleet_core.agent_client import AgentClient, AgentError
 from llamafleet_local.up import LocalFleet, UpOptions
 from llamafleet_local.up.progress import Reporter
+from llamafleet_router.discovery.static import StaticDiscovery
 from llamafleet_testbed.reliability.bed import PREFIX, fleet_config, kill, running_fleet, until
 
 pytestmark = [pytest.mark.llama, pytest.mark.redis]
@@ -56,6 +57,48 @@ async def test_a_restarted_pod_that_cannot_be_warmed_is_not_routed_to_and_warmin
         assert progress.prefixes[PREFIX].pods[victim.name].state == "warm"
         assert victim.ready and progress.ready and progress.restarts == 1
         assert f"{victim.name} is warm again and routable" in bed.log.getvalue()
+
+
+async def test_a_pod_up_restarts_is_routed_around_at_once_whatever_discovery_polled(
+    llama_server_bin: Path, tmp_path: Path,
+) -> None:
+    """`up` tells its gateway a pod is down as soon as it sees it die: with discovery polling too seldom
+    to see the kill and the restart between two polls (as when the loop they share is busy starting the
+    pod), the restarted pod, which cannot be warmed, is still not routed to."""
+    async with running_fleet(llama_server_bin, tmp_path / "run", snapshots=False) as bed:
+        discovery = bed.gateway.discovery
+        assert isinstance(discovery, StaticDiscovery) and await bed.pod_ready(1)
+        # Discovery's watchers stop polling: each finishes one poll begun from now on (its next sleep is
+        # an hour long), then the pod dies. Only `up` can tell the gateway.
+        discovery._interval = 3600.0
+        polled: list[object] = []
+        refresh = discovery._refresh
+
+        async def counted(pod: Any) -> None:
+            await refresh(pod)
+            polled.append(pod)
+
+        discovery._refresh = counted  # type: ignore[method-assign]
+
+        async def both_polled() -> bool:
+            return len(set(map(id, polled))) == 2
+
+        assert await until(both_polled, 10.0) is not None
+        name = bed.fleet.results[PREFIX].snapshot
+        victim, peer = bed.pod(1), bed.pod(0)
+        for path in victim.layout.snapshot_dir.glob(f"{name}.*"):
+            path.unlink()
+        (peer.layout.snapshot_dir / f"{name}.json").unlink()
+        kill(victim.server.pid)
+        progress = bed.fleet.progress
+
+        async def failed() -> bool:
+            return progress.restarts == 1 and progress.prefixes[PREFIX].pods[victim.name].state == "failed"
+
+        assert await until(failed, 60.0) is not None, bed.log.getvalue()
+        assert (await bed.http.get(victim.layout.llama_url + "/health")).status_code == 200
+        assert not await bed.pod_ready(1)
+        assert await bed.pod_ready(0)
 
 
 async def test_a_pod_started_again_waits_for_ups_declaration_not_the_one_its_agent_kept(

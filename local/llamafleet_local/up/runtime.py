@@ -260,6 +260,15 @@ class LocalFleet:
             await asyncio.sleep(0.05)
         raise TimeoutError("the gateway did not route to every pod in time")
 
+    def route_around(self, pod: LocalPod) -> None:
+        """Tell the gateway's discovery that `pod` is down now. A kill, the restart and the model's
+        load can fit between two of its polls (the event loop they share is busy starting the pod),
+        and discovery asks a pod's agent whether it is ready only when it saw the pod down: it kept
+        routing to the restarted pod, cold, while its warming had failed."""
+        gateway = self.app.state.gateway if self.app is not None else None
+        if gateway is not None and gateway.discovery is not None:
+            gateway.discovery.mark_down(pod.layout.llama_url)  # the uid static discovery gives a pod
+
     def _check_ready(self) -> None:
         if self.progress.ready:
             self._ready.set()

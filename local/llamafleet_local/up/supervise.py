@@ -116,6 +116,7 @@ def mark_down(fleet: LocalFleet, pod: LocalPod) -> None:
     again (so no peer's warming pulls from it, and `/health` says why it is not ready)."""
     pod.ready = False
     fleet.progress.pods_up.discard(pod.name)
+    fleet.route_around(pod)
     for name, result in fleet.results.items():
         state = PodWarmState(pod.name, "pending", message="pod down: restarting")
         result.pods = [state if s.pod == pod.name else s for s in result.pods]

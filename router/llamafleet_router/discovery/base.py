@@ -115,8 +115,8 @@ class Discovery(Protocol):
         """Every known pod, ready or not."""
 
     def mark_down(self, uid: str) -> None:
-        """The proxy could not connect to pod `uid`: stop routing to it until it answers `/health` again
-        (and have its index entries purged)."""
+        """The proxy could not connect to pod `uid`, or the local runtime saw it die: stop routing to it
+        until it answers `/health` again (and have its index entries purged)."""
 
     def gone(self, uid: str) -> GoneSignal:
         """Set when pod `uid` hangs or goes away: the requests waiting on it stop at once."""
