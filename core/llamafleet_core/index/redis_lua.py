@@ -43,9 +43,11 @@ local function add_member(key, deadline, member, now, ttl)
   if redis.call('ZADD', key, deadline, member) == 1 then redis.call('ZREMRANGEBYSCORE', key, '-inf', now) end
   extend(key, ttl)
 end
+-- The i-th hash of a chain sent or stored as one string of `width`-wide hashes.
+local function nth(blob, width, i) return string.sub(blob, (i - 1) * width + 1, i * width) end
 local function split(blob, width)
   local chain = {}
-  for i = 1, math.floor(#blob / width) do chain[i] = string.sub(blob, (i - 1) * width + 1, i * width) end
+  for i = 1, math.floor(#blob / width) do chain[i] = nth(blob, width, i) end
   return chain
 end
 -- How many whole blocks two chains of `width`-wide hashes share at their start (a binary search of
@@ -120,7 +122,7 @@ if n == 0 then
 end
 if not fresh then  -- the shared prefix's entries expire first: refresh them
   for i = 1, same do
-    add_member(base .. 'b:' .. string.sub(blob, (i - 1) * width + 1, i * width), deadline, member, now, ttl)
+    add_member(base .. 'b:' .. nth(blob, width, i), deadline, member, now, ttl)
   end
 end
 for _, h in ipairs(tail) do
@@ -172,7 +174,7 @@ local n = blob and math.floor(#blob / width) or #q
 local function hash(i)
   local h = q[i]
   if h == nil then
-    h = string.sub(blob, (i - 1) * width + 1, i * width)
+    h = nth(blob, width, i)
     q[i] = h
   end
   return h
