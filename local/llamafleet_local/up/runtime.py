@@ -45,6 +45,7 @@ from llamafleet_local.up.run_folder import default_run_dir, write_secret, write_
 from llamafleet_local.up.shutdown import Step, run_steps
 from llamafleet_local.up.state import StateLock, manifest_key_file, open_state, prefix_key
 from llamafleet_local.up.supervise import missing_prefixes, require_all, supervise, warm_prefix
+from llamafleet_router.discovery.base import Discovery
 
 
 class LocalFleet:
@@ -249,12 +250,12 @@ class LocalFleet:
         it sees a pod a moment after the pod's agent became ready)."""
         async with asyncio.timeout(timeout):
             await self._ready.wait()
-        gateway = self.app.state.gateway if self.app is not None else None
-        if gateway is None or gateway.discovery is None:
+        discovery = self._discovery()
+        if discovery is None:
             return
         deadline = asyncio.get_running_loop().time() + timeout
         while asyncio.get_running_loop().time() < deadline:
-            statuses = await gateway.discovery.endpoints()
+            statuses = await discovery.endpoints()
             if statuses and all(status.ready for status in statuses):
                 return
             await asyncio.sleep(0.05)
@@ -265,9 +266,14 @@ class LocalFleet:
         load can fit between two of its polls (the event loop they share is busy starting the pod),
         and discovery asks a pod's agent whether it is ready only when it saw the pod down: it kept
         routing to the restarted pod, cold, while its warming had failed."""
+        discovery = self._discovery()
+        if discovery is not None:
+            discovery.mark_down(pod.layout.llama_url)  # the uid static discovery gives a pod
+
+    def _discovery(self) -> Discovery | None:
+        """The gateway's discovery, once the gateway runs."""
         gateway = self.app.state.gateway if self.app is not None else None
-        if gateway is not None and gateway.discovery is not None:
-            gateway.discovery.mark_down(pod.layout.llama_url)  # the uid static discovery gives a pod
+        return gateway.discovery if gateway is not None else None
 
     def _check_ready(self) -> None:
         if self.progress.ready:
