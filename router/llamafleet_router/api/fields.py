@@ -176,7 +176,9 @@ class FieldPolicy:
             if route is Route.RESPONSES:  # checked as the chat request llama-server makes of it
                 check_shapes(responses.to_chat_body(body), chat=True, anthropic=False, limits=self.shapes)
             else:
-                check_shapes(body, chat=route is Route.CHAT, anthropic=anthropic, limits=self.shapes)
+                known = parsed.known_tools
+                check_shapes(body, chat=route is Route.CHAT, anthropic=anthropic, limits=self.shapes,
+                             known_tools=(known.value, known.depth) if known is not None else None)
         except ShapeError as exc:
             message = f"{exc} (in the chat request `input` becomes)" if route is Route.RESPONSES else str(exc)
             raise FieldRejected(message, param=exc.param, code=exc.code, anthropic=anthropic) from None

@@ -21,8 +21,9 @@ from llamafleet_router.api.direct import answer_direct
 from llamafleet_router.api.embeddings import EmbeddingPods
 from llamafleet_router.api.error_shapes import error_event_for, error_response
 from llamafleet_router.api.fields import FieldPolicy
+from llamafleet_router.api.known_tools import ToolSpans
 from llamafleet_router.api.limited import admit
-from llamafleet_router.api.parse import DIRECT_ROUTES, Route, parse_request, read_body
+from llamafleet_router.api.parse import DIRECT_ROUTES, ParsedRequest, Route, parse_request, read_body
 from llamafleet_router.api.prompts import PromptRenderer
 from llamafleet_router.background import IndexHealth, TaskSet
 from llamafleet_router.discovery.base import Discovery
@@ -69,6 +70,7 @@ class Gateway:
         self.tasks = TaskSet()
         self.in_flight = InFlight(metrics)
         self.embedding_pods = EmbeddingPods()  # pods that said they run without `--embeddings`
+        self.tool_spans = ToolSpans()  # tool lists found by their bytes in later requests
         # Snapshots (restore-on-miss, first sight): on when `enable_snapshots` was given a config.
         self.snapshot_config: SnapshotConfig | None = None
         self.snapshot_metrics: SnapshotMetrics | None = None
@@ -112,7 +114,9 @@ class Gateway:
         clock = RequestClock(self.metrics)  # the client's wait starts now, before the body is read
         try:
             key = authenticate(self.keys, request.headers)
-            parsed = parse_request(route, await read_body(request, self.max_body_bytes, self.body_timeout_s))
+            raw = await read_body(request, self.max_body_bytes, self.body_timeout_s)
+            parsed = parse_request(route, raw, self.tool_spans, self.tenancy.namespace(key))
+            del raw
             parsed = self.fields.check(parsed, key)  # 400: a field off the allow-list or a bound, a bad shape
             permit = admit(self.limiter, key, route, parsed.body)  # 429 past the key's own limits
             director = self.director
@@ -130,7 +134,7 @@ class Gateway:
             identity = self.prompts.identity(parsed, model, source.props if source else None,
                                              self.tenancy.namespace(key))
             req = SchedRequest(request_id_var.get() or "", model, identity, parsed.session_id)
-            outgoing = Outgoing(parsed.route.value, encoded_body(parsed.body),
+            outgoing = Outgoing(parsed.route.value, encoded_body(parsed.body, _verbatim(parsed)),
                                 request.headers.get("accept", "*/*"), error_event_for(parsed.route))
             del parsed  # not held while the pod computes: `encoded_body` says why
             response = await director.run(req, outgoing, key, permit, clock)
@@ -147,3 +151,9 @@ class Gateway:
         finally:
             if permit is not None:
                 permit.release()  # refused, failed or cancelled before any response
+
+
+def _verbatim(parsed: ParsedRequest) -> dict[str, bytes] | None:
+    """The learned tools' bytes, forwarded as the client wrote them, while the body still holds them."""
+    known = parsed.known_tools
+    return {"tools": known.raw} if known is not None and parsed.body.get("tools") is known.value else None

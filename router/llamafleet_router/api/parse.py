@@ -19,6 +19,7 @@ import orjson
 from starlette.requests import ClientDisconnect
 
 from llamafleet_router.api.embeddings import check_embeddings_input
+from llamafleet_router.api.known_tools import KnownTools, ToolSpans
 from llamafleet_router.api.responses import check_responses_input
 from llamafleet_router.errors import ApiError, ClientGone, bad_request
 
@@ -48,6 +49,7 @@ class ParsedRequest:
     model: str | None
     stream: bool
     session_id: str | None
+    known_tools: KnownTools | None = None  # `body["tools"]` when its bytes were learned (known_tools.py)
 
 
 def _reject_constant(name: str) -> Any:
@@ -85,8 +87,11 @@ def decode_json(raw: bytes) -> dict[str, Any]:
     return body
 
 
-def parse_request(route: Route, raw: bytes) -> ParsedRequest:
-    body = decode_json(raw)
+def parse_request(route: Route, raw: bytes, spans: ToolSpans | None = None, group: str = "") -> ParsedRequest:
+    """`raw` parsed and checked for `route`; with `spans`, a `tools` value `group` sent before is
+    found by its bytes, and one new to it is learned (`known_tools.py`)."""
+    known = spans.parse(raw, group) if spans is not None else None
+    body, known_tools = known if known is not None else (decode_json(raw), None)
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise bad_request("`model` must be a string.", param="model", code="invalid_type")
@@ -103,7 +108,9 @@ def parse_request(route: Route, raw: bytes) -> ParsedRequest:
         check_embeddings_input(body)
     else:
         _check_messages(body, anthropic=route in ANTHROPIC_ROUTES)
-    return ParsedRequest(route, body, model or None, stream, _session_id(body))
+    if spans is not None and known_tools is None:
+        spans.learn(raw, body, group)
+    return ParsedRequest(route, body, model or None, stream, _session_id(body), known_tools)
 
 
 def _check_messages(body: dict[str, Any], *, anthropic: bool) -> None:

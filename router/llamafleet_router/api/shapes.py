@@ -22,6 +22,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from llamafleet_router.api.nesting import body_too_deep
+
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 ANTHROPIC_ROLES = frozenset({"user", "assistant"})
 # OpenAI content parts llama-server converts, and the `/props` modality each needs (`fields.media_used`).
@@ -59,9 +61,14 @@ class ShapeLimits:
     max_json_depth: int = 64
 
 
-def check_shapes(body: Mapping[str, Any], *, chat: bool, anthropic: bool, limits: ShapeLimits) -> None:
+def check_shapes(
+    body: Mapping[str, Any], *, chat: bool, anthropic: bool, limits: ShapeLimits,
+    known_tools: tuple[Any, int] | None = None,
+) -> None:
     """Raise ShapeError for the first thing llama-server cannot take. `parse` checked the basics
-    (`messages` is a non-empty array of objects with string roles, `tools` an array)."""
+    (`messages` is a non-empty array of objects with string roles, `tools` an array). `known_tools`:
+    a tools value whose depth is known (`known_tools.py`), with that depth, not walked again when it
+    is the body's."""
     messages = body.get("messages") if chat or anthropic else None
     if isinstance(messages, list) and len(messages) > limits.max_messages:
         raise ShapeError("messages", f"holds {len(messages)} messages; this gateway accepts at most "
@@ -70,7 +77,7 @@ def check_shapes(body: Mapping[str, Any], *, chat: bool, anthropic: bool, limits
     if isinstance(tools, list) and len(tools) > limits.max_tools:
         raise ShapeError("tools", f"holds {len(tools)} tools; this gateway accepts at most "
                          f"{limits.max_tools}.", "too_many_tools")
-    if too_deep(body, limits.max_json_depth):
+    if body_too_deep(body, limits.max_json_depth, known_tools):
         raise ShapeError("body", "", "too_deep", message=f"The JSON body is nested deeper than the "
                          f"{limits.max_json_depth} levels this gateway accepts.")
     if isinstance(messages, list):
@@ -81,21 +88,6 @@ def check_shapes(body: Mapping[str, Any], *, chat: bool, anthropic: bool, limits
         else:
             _chat_messages(messages, limits.max_content_parts)
             _chat_tools(tools or [])
-
-
-def too_deep(value: Any, limit: int) -> bool:
-    """Whether `value` nests objects and arrays more than `limit` levels (the body itself is level 1);
-    level by level, so it stops at the first level too deep."""
-    level = [value] if type(value) is dict or type(value) is list else []
-    depth = 1
-    while level:
-        deeper = [child for item in level for child in (item.values() if type(item) is dict else item)
-                  if type(child) is dict or type(child) is list]
-        depth += 1
-        if deeper and depth > limit:
-            return True
-        level = deeper
-    return False
 
 
 def _check_kwargs(kwargs: Any) -> None:
