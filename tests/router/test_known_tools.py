@@ -77,7 +77,7 @@ def misleading_bodies() -> dict[str, bytes]:
         # The learned bytes inside a message's own "tools" key, before the top-level one.
         "nested-first": json.dumps({"model": "tiny", "messages": [
             {"role": "user", "content": "hi", "tools": TOOLS}], "tools": TOOLS[:2]}).encode(),
-        # The same, with the top-level tools the learned ones too: the nested key is passed over.
+        # The same, with the top-level tools the learned ones too: one splice at most, then the full parse.
         "nested-and-top": json.dumps({"model": "tiny", "messages": [
             {"role": "user", "content": "hi", "tools": TOOLS}], "tools": TOOLS}).encode(),
         # A question quoting the learned list as text.
@@ -99,11 +99,19 @@ def test_a_misleading_body_still_parses_as_the_full_parse(case: str) -> None:
     spans = ToolSpans()
     learned(spans)
     raw = misleading_bodies()[case]
+    assert spans.parse(raw, "") is None  # the caller parses the whole body
+    parsed = parse_request(Route.CHAT, raw, spans) if case in ("nested-first", "nested-and-top") else None
+    if parsed is not None:  # and learns nothing from it: the list is known, the top-level key is no copy
+        assert parsed.body == json.loads(raw) and spans.learned == 1
+
+
+def test_tools_after_a_message_that_mentions_them_are_found() -> None:
+    spans = ToolSpans()
+    learned(spans)
+    raw = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "hi", "note": "tools"}],
+                      "tools": TOOLS}).encode()
     found = spans.parse(raw, "")
-    if case == "nested-and-top":  # the top-level value, the second key, was found
-        assert found is not None and found[0] == json.loads(raw) and found[1].raw in raw
-    else:  # the caller parses the whole body
-        assert found is None
+    assert found is not None and found[0] == json.loads(raw)
 
 
 def test_learned_lists_are_per_tenant_group_and_bounded() -> None:

@@ -36,6 +36,7 @@ from llamafleet_router.api.nesting import depth
 _KEY = b'"tools"'
 _BLANK = b" \t\r\n"
 _MAX_KEYS_TRIED = 8  # "tools" as a string elsewhere in the body (a message about tools) comes first
+_MAX_SPANS_TRIED = 2  # values scanned and spliced to learn one list: each costs about a parse
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,9 +71,10 @@ class ToolSpans:
         for start in _value_starts(raw):
             for i, (owner, known) in enumerate(self._entries):
                 if owner == group and raw.startswith(known.raw, start):
+                    # One splice per body at most: a body of many copies costs no more than one parse.
                     body = self._spliced(raw, start, start + len(known.raw))
                     if body is None:
-                        break  # not the top-level value: the next key, if any
+                        return None
                     body["tools"] = known.value
                     if i:
                         self._entries.insert(0, self._entries.pop(i))
@@ -101,6 +103,8 @@ class ToolSpans:
         if span is None or span[1] - span[0] > self.max_bytes:
             return
         known = KnownTools(raw[span[0]:span[1]], tools, depth(tools))
+        if any(owner == group and entry.raw == known.raw for owner, entry in self._entries):
+            return  # learned already, and passed over for a reason of this body's (a nested copy first)
         self._entries = [(group, known), *self._entries[:self.max_entries - 1]]
         self.learned += 1
 
@@ -110,7 +114,9 @@ class ToolSpans:
         # structure is ASCII, and what sits inside strings only has to be scanned past.
         text = raw.decode("latin-1")
         scan = json.JSONDecoder()
-        for start in _value_starts(raw):
+        for tried, start in enumerate(_value_starts(raw)):
+            if tried == _MAX_SPANS_TRIED:
+                break
             try:
                 end = scan.raw_decode(text, start)[1]
             except ValueError:
