@@ -1,21 +1,24 @@
 """Tool lists found by their bytes (api/known_tools.py): every parse equals the full parse, whatever the
 layout and however a body tries to mislead the splice; the learned value's depth still counts against
-the bound; the learned bytes go to the pod as the client wrote them; and through the gateway, with the
-openai SDK sending Hermes Agent's real layout, nothing changes the shared value."""
+the bound; the learned bytes go to the pod as the client wrote them; through the gateway, with the
+openai SDK sending Hermes Agent's real layout, nothing changes the shared value; and the anthropic
+SDK's tools, the same schemas in Anthropic's shape, are converted to chat tools once."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
+import anthropic
 import openai
 import orjson
 import pytest
 
+from llamafleet_router.api.anthropic import chat_tools
 from llamafleet_router.api.known_tools import ToolSpans
 from llamafleet_router.api.nesting import body_too_deep, depth, too_deep
 from llamafleet_router.api.parse import Route, parse_request
-from llamafleet_router.inprocess import app_client
+from llamafleet_router.inprocess import app_client, serve
 from llamafleet_router.proxy.forward import encoded_body
 from llamafleet_testbed.hermes_layout import hermes_profile
 from tests.router.conftest import AppFactory
@@ -177,3 +180,25 @@ async def test_through_the_gateway_the_openai_sdk_on_hermes_layout_shares_one_un
         assert {k: v for k, v in body.items() if k not in ("id_slot", "cache_prompt")} in sent
     entry = spans._entries[0][1]
     assert entry.value == orjson.loads(entry.raw) == list(profile.tools)  # unchanged by five requests
+
+
+async def test_the_anthropic_sdk_s_tools_are_converted_once_and_keyed_by_identity(
+    make_app: AppFactory, fleet: FakeFleet,
+) -> None:
+    profile = hermes_profile()
+    tools = [{"name": t["function"]["name"], "description": t["function"].get("description", ""),
+              "input_schema": t["function"]["parameters"]} for t in profile.tools]
+    app = make_app()
+    async with serve(app) as url:  # the SDK brings its own HTTP client: a real socket
+        client = anthropic.AsyncAnthropic(base_url=url, api_key="unused", max_retries=0)
+        for i in range(5):
+            await client.messages.with_raw_response.create(
+                model="tiny", max_tokens=8, system=profile.system_prompt, tools=tools,  # type: ignore[arg-type]
+                messages=[{"role": "user", "content": f"question {i}?"}])
+    gateway = app.state.gateway
+    assert gateway.tool_spans.hits == 3
+    learned_value = gateway.tool_spans._entries[0][1].value
+    conversions = [chat for source, chat in gateway.prompts._chat_tools.values() if source is learned_value]
+    assert len(conversions) == 1 and conversions[0] == chat_tools(tools)  # one conversion for three requests
+    forwarded = [r["body"] for pod in fleet.pods.values() for r in pod.requests]
+    assert len(forwarded) == 5 and all(body["tools"] == tools for body in forwarded)

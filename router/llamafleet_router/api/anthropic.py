@@ -11,6 +11,7 @@ A mismatch only costs a routing hint: `cache_n` remains the truth.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 
@@ -56,8 +57,22 @@ def _message(message: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def to_chat_body(body: dict[str, Any]) -> dict[str, Any]:
-    """The OpenAI chat body equivalent to an Anthropic Messages body (validated by `parse`)."""
+def chat_tools(tools: list[Any]) -> list[dict[str, Any]]:
+    """Anthropic tools as OpenAI function tools (llama-server's conversion)."""
+    return [
+        {"type": "function", "function": {
+            "name": tool.get("name", ""), "description": tool.get("description", ""),
+            "parameters": tool.get("input_schema", {}),
+        }}
+        for tool in tools if isinstance(tool, dict)
+    ]
+
+
+def to_chat_body(
+    body: dict[str, Any], convert_tools: Callable[[list[Any]], list[dict[str, Any]]] = chat_tools,
+) -> dict[str, Any]:
+    """The OpenAI chat body equivalent to an Anthropic Messages body (validated by `parse`).
+    `convert_tools`: `chat_tools`, or a caller's memo of it (the same tools give the same list)."""
     messages: list[dict[str, Any]] = []
     system = body.get("system")
     if system:
@@ -69,11 +84,5 @@ def to_chat_body(body: dict[str, Any]) -> dict[str, Any]:
         chat["model"] = body["model"]
     tools = body.get("tools")
     if isinstance(tools, list) and tools:
-        chat["tools"] = [
-            {"type": "function", "function": {
-                "name": tool.get("name", ""), "description": tool.get("description", ""),
-                "parameters": tool.get("input_schema", {}),
-            }}
-            for tool in tools if isinstance(tool, dict)
-        ]
+        chat["tools"] = convert_tools(tools)
     return chat

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
+from typing import Any
 
 from llamafleet_core.prefix import (
     ChatTemplate,
@@ -22,7 +23,7 @@ from llamafleet_core.prefix import (
     completion_identity,
 )
 from llamafleet_router.api import responses
-from llamafleet_router.api.anthropic import to_chat_body
+from llamafleet_router.api.anthropic import chat_tools, to_chat_body
 from llamafleet_router.api.parse import ParsedRequest, Route
 from llamafleet_router.discovery.base import PodProps
 from llamafleet_router.errors import bad_request
@@ -37,6 +38,7 @@ class PromptRenderer:
         self._render_cache = TemplateCache()
         self._templates: OrderedDict[tuple[str, str], ChatTemplate] = OrderedDict()
         self._by_props: dict[int, tuple[PodProps, str, ChatTemplate]] = {}
+        self._chat_tools: OrderedDict[int, tuple[list[Any], list[dict[str, Any]]]] = OrderedDict()
 
     def template(self, model: str, props: PodProps | None) -> ChatTemplate | None:
         if props is None or not props.chat_template:
@@ -64,6 +66,20 @@ class PromptRenderer:
             self._templates.move_to_end(key)
         return template
 
+    def _converted_tools(self, tools: list[Any]) -> list[dict[str, Any]]:
+        """Anthropic tools as chat tools, converted once per list object. A learned list
+        (`known_tools.py`) is the same object on every request, and so then is its conversion, which
+        the template cache finds by identity instead of encoding ~50 KB of schemas to key it. Holding
+        `tools` keeps its id from being reused while the entry lives."""
+        hit = self._chat_tools.get(id(tools))
+        if hit is not None and hit[0] is tools:
+            return hit[1]
+        converted = chat_tools(tools)
+        self._chat_tools[id(tools)] = (tools, converted)
+        if len(self._chat_tools) > _MAX_TEMPLATES:
+            self._chat_tools.popitem(last=False)
+        return converted
+
     def identity(
         self, parsed: ParsedRequest, model: str, props: PodProps | None, namespace: str = ""
     ) -> PromptIdentity:
@@ -72,7 +88,7 @@ class PromptRenderer:
                 return completion_identity(parsed.body, model=model, block_chars=self.block_chars,
                                            namespace=namespace, key=self._key)
             if parsed.route is Route.MESSAGES:
-                body = to_chat_body(parsed.body)
+                body = to_chat_body(parsed.body, self._converted_tools)
             elif parsed.route is Route.RESPONSES:
                 body = responses.to_chat_body(parsed.body)  # routed like the chat request it becomes
             else:
