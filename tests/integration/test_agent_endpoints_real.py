@@ -1,7 +1,8 @@
 """The endpoints agents call, through the gateway against real llama-servers: Anthropic token counts
 (Claude Code's `count_tokens`), OpenAI Responses (routed like chat, so a session's prefix is reused),
 embeddings (on the pods started with `--embeddings`, a 400 for a model without them), the models'
-context length, and Anthropic's errors, including the `event: error` that ends a stream whose pod dies.
+context length, and Anthropic's errors, including the `event: error` that ends a stream whose pod dies;
+and a learned tool list (`api/known_tools.py`) reaching the pod as the same prompt.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import httpx
 import openai
 import pytest
 
+from llamafleet_testbed.hermes_layout import hermes_profile
 from tests.fixtures.llama import StartLlamaServer, TinyModels
 from tests.integration.gateway_bed import gateway
 
@@ -186,3 +188,23 @@ async def test_the_official_sdks_call_the_new_endpoints_unchanged(
     assert all(isinstance(x, float) for x in vectors.data[0].embedding)
     assert counted.input_tokens > 0
     assert model.id == MODEL and (model.model_extra or {}).get("context_length", 0) > 0
+
+
+async def test_a_learned_tool_list_reaches_the_pod_as_the_same_prompt(
+    tiny_models: TinyModels, start_llama_server: StartLlamaServer, redis_url: str
+) -> None:
+    """Hermes Agent's 18 tools through the openai SDK: from the third request on the gateway parses
+    only the rest of the body and forwards the tools' bytes as the client wrote them; the pod counts
+    the same prompt tokens as for the same request sent to it directly."""
+    pod = start_llama_server(tiny_models.dense, slots=2, extra_args=("-a", MODEL))
+    profile = hermes_profile(model=MODEL)
+    bodies = [profile.request(MODEL, f"Question {i}?", max_tokens=1, stream=False) for i in range(3)]
+    async with gateway([pod.url], redis_url, prefix="kt") as gw:
+        oai = openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="unused", max_retries=0)
+        direct = openai.AsyncOpenAI(base_url=pod.url + "/v1", api_key="unused", max_retries=0)
+        routed = [await oai.chat.completions.create(**body) for body in bodies]
+        expected = await direct.chat.completions.create(**bodies[-1])
+        spans = gw.app.state.gateway.tool_spans
+    assert spans.learned == 1 and spans.hits == 1
+    assert routed[-1].usage is not None and expected.usage is not None
+    assert routed[-1].usage.prompt_tokens == expected.usage.prompt_tokens > 10_000
