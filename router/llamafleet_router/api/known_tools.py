@@ -2,7 +2,8 @@
 
 An agent client sends the same `tools` (~50 KB of schemas for the agent layout) with every request of
 every session. Parsing them, walking their depth, keying them for the template cache and encoding them
-again for the pod cost per request what the rest of the body costs fifty times over. So a body whose
+again for the pod cost about twenty times what the rest of the body costs (orjson parses the 60K-
+character agent body in ~76 us, the same body without its tools in ~3 us). So a body whose
 top-level `tools` value is, byte for byte, one this gateway learned gets the learned parsed value, and
 only the rest of it is parsed: the value's bytes are spliced out for a marker, and the marker must come
 back as the document's top-level `tools`.
@@ -17,7 +18,10 @@ request path may change it in place (`tests/router/test_known_tools.py` runs req
 gateway and compares it with a fresh parse). Entries are per tenant group, so that a tenant cannot time
 whether another sent the same schemas, and learned on a list's second sighting: learning locates the
 value's end with the standard library's scanner (about two parses), and a client whose tools change on
-every request then pays only a fingerprint.
+every request then pays only a fingerprint. At most `max_entries` lists (16) of at most `max_bytes`
+(256 KiB) each are kept, least recently used first out: a few MB with their parses, at most ~14 MB.
+A body is spliced and parsed once at most, and learning tries two values at most, so a body made of
+copies of a learned list costs no more than parsing it whole.
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ _MAX_SPANS_TRIED = 2  # values scanned and spliced to learn one list: each costs
 @dataclass(frozen=True, slots=True)
 class KnownTools:
     """A learned `tools` value: its bytes as the client wrote them, their parse (shared: never
-    changed in place), and how deep it nests (`shapes.depth`)."""
+    changed in place), and how deep it nests (`nesting.depth`)."""
 
     raw: bytes
     value: list[Any]
