@@ -125,6 +125,14 @@ class RouterMetrics:
             registry=registry,
         )
         self.pods_up = Gauge(p + "pods_up", "Pods currently routable.", registry=registry)
+        self.known_tools_reused = Counter(
+            p + "known_tools_reused_total", "Request bodies whose `tools` were a list learned before, "
+            "found by their bytes and not parsed again (api/known_tools.py).", registry=registry,
+        )
+        self.known_tool_lists = Gauge(
+            p + "known_tool_lists", "Tool lists learned and kept now, all tenant groups together.",
+            registry=registry,
+        )
         self.model_conflicts = Gauge(
             p + "model_conflicts", "Model names that several fleets report and no `model_fleets` entry "
             "assigns: refused (503 model_conflict) until one does.", registry=registry,

@@ -180,6 +180,9 @@ async def test_through_the_gateway_the_openai_sdk_on_hermes_layout_shares_one_un
         assert {k: v for k, v in body.items() if k not in ("id_slot", "cache_prompt")} in sent
     entry = spans._entries[0][1]
     assert entry.value == orjson.loads(entry.raw) == list(profile.tools)  # unchanged by five requests
+    registry = app.state.gateway.metrics.registry
+    assert registry.get_sample_value("llamafleet_router_known_tools_reused_total") == 3
+    assert registry.get_sample_value("llamafleet_router_known_tool_lists") == 1
 
 
 async def test_the_anthropic_sdk_s_tools_are_converted_once_and_keyed_by_identity(

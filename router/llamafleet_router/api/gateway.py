@@ -71,6 +71,7 @@ class Gateway:
         self.in_flight = InFlight(metrics)
         self.embedding_pods = EmbeddingPods()  # pods that said they run without `--embeddings`
         self.tool_spans = ToolSpans()  # tool lists found by their bytes in later requests
+        metrics.known_tool_lists.set_function(self.tool_spans.__len__)
         # Snapshots (restore-on-miss, first sight): on when `enable_snapshots` was given a config.
         self.snapshot_config: SnapshotConfig | None = None
         self.snapshot_metrics: SnapshotMetrics | None = None
@@ -117,6 +118,8 @@ class Gateway:
             raw = await read_body(request, self.max_body_bytes, self.body_timeout_s)
             parsed = parse_request(route, raw, self.tool_spans, self.tenancy.namespace(key))
             del raw
+            if parsed.known_tools is not None:
+                self.metrics.known_tools_reused.inc()
             parsed = self.fields.check(parsed, key)  # 400: a field off the allow-list or a bound, a bad shape
             permit = admit(self.limiter, key, route, parsed.body)  # 429 past the key's own limits
             director = self.director

@@ -67,6 +67,10 @@ class ToolSpans:
         self.hits = 0
         self.learned = 0
 
+    def __len__(self) -> int:
+        """The lists learned and kept now."""
+        return len(self._entries)
+
     def parse(self, raw: bytes, group: str) -> tuple[dict[str, Any], KnownTools] | None:
         """`raw` parsed with a learned `tools` value of `group`'s, and that entry; None when none fits
         (the caller parses the whole body)."""
