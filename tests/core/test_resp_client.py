@@ -110,6 +110,37 @@ async def test_a_stalled_server_times_out_and_the_client_recovers(redis_server: 
         await rc.aclose()
 
 
+async def test_a_command_its_caller_gave_up_on_still_closes_a_stalled_connection(
+    redis_server: RedisServer,
+) -> None:
+    """The caller's own deadline (the index's op timeout) may come first: the connection's watchdog
+    still closes the stalled connection at the command's deadline, failing what queued behind it, and
+    the next command dials anew. Commands answered in time leave no timer behind them."""
+    rc = RespClient.from_url(redis_server.url, timeout_s=0.3)
+    assert redis_server.proc is not None
+    pid = redis_server.proc.pid
+    try:
+        for i in range(50):
+            assert await rc.execute("ECHO", str(i)) == str(i).encode()
+        conn = rc._conn
+        assert conn is not None and not conn._deadlines  # every reply took its deadline with it
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(TimeoutError):
+                async with asyncio.timeout(0.05):
+                    await rc.execute("ECHO", "given up")
+            queued = asyncio.ensure_future(rc.execute("ECHO", "queued"))
+            with pytest.raises(TimeoutError, match="did not answer"):
+                await queued  # failed by the watchdog, at the first command's deadline
+            assert conn.closed
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert await rc.execute("ECHO", "back") == b"back"
+        assert rc._conn is not conn
+    finally:
+        await rc.aclose()
+
+
 async def test_password_and_database_from_the_url_are_used(redis_server: RedisServer) -> None:
     admin = RespClient.from_url(redis_server.url)
     try:

@@ -165,14 +165,10 @@ class RespClient:
             conn = await self._connect()
         asked = conn.send(pack(("ASKING",))) if asking else None
         waiter = conn.send(pack(args))
-        try:
-            async with asyncio.timeout(self.timeout_s):
-                if asked is not None:
-                    await asked
-                reply = await waiter
-        except TimeoutError:
-            conn.close(TimeoutError("redis did not answer in time"))
-            raise
+        # The connection's own watchdog (`timeout_s`) closes it and fails both with TimeoutError.
+        if asked is not None:
+            await asked
+        reply = await waiter
         if isinstance(reply, hiredis.ReplyError):
             if str(reply).startswith("READONLY"):
                 # A replica now (a failover demoted it): the next command dials the master anew.
@@ -218,6 +214,9 @@ class RespClient:
             self._conn = conn
             return conn
 
+    def _protocol(self) -> Connection:
+        return Connection(self.timeout_s)
+
     async def _dial(self) -> Connection:
         loop = asyncio.get_running_loop()
         a = self.address
@@ -226,10 +225,10 @@ class RespClient:
             host, port = await master_address(a.sentinels, self.timeout_s)
         async with asyncio.timeout(self.timeout_s):
             if a.path is not None:
-                _, conn = await loop.create_unix_connection(Connection, a.path)
+                _, conn = await loop.create_unix_connection(self._protocol, a.path)
             else:
                 _, conn = await loop.create_connection(
-                    Connection, host, port, ssl=a.tls, server_hostname=host if a.tls else None)
+                    self._protocol, host, port, ssl=a.tls, server_hostname=host if a.tls else None)
             try:
                 for command in _handshake(a):
                     reply = await conn.send(pack(command))
