@@ -7,34 +7,29 @@ tools (`known_tools.py`), whose depth was measured once, are not walked again. P
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
+
+
+def _levels(value: Any) -> Iterator[list[Any]]:
+    """The objects and arrays of `value`, level by level (`value` itself first), each level built only
+    when the one before it was read."""
+    level = [value] if type(value) is dict or type(value) is list else []
+    while level:
+        yield level
+        level = [child for item in level for child in (item.values() if type(item) is dict else item)
+                 if type(child) is dict or type(child) is list]
 
 
 def depth(value: Any) -> int:
     """How many levels `value` nests objects and arrays (a scalar 0, `[]` 1): `too_deep` counted out."""
-    level = [value] if type(value) is dict or type(value) is list else []
-    levels = 0
-    while level:
-        levels += 1
-        level = [child for item in level for child in (item.values() if type(item) is dict else item)
-                 if type(child) is dict or type(child) is list]
-    return levels
+    return sum(1 for _ in _levels(value))
 
 
 def too_deep(value: Any, limit: int) -> bool:
-    """Whether `value` nests objects and arrays more than `limit` levels (the body itself is level 1);
-    level by level, so it stops at the first level too deep."""
-    level = [value] if type(value) is dict or type(value) is list else []
-    levels = 1
-    while level:
-        deeper = [child for item in level for child in (item.values() if type(item) is dict else item)
-                  if type(child) is dict or type(child) is list]
-        levels += 1
-        if deeper and levels > limit:
-            return True
-        level = deeper
-    return False
+    """Whether `value` nests objects and arrays more than `limit` levels (the body itself is level 1,
+    never too deep by itself); it stops at the first level too deep."""
+    return any(n > max(limit, 1) for n, _ in enumerate(_levels(value), 1))
 
 
 def body_too_deep(body: Mapping[str, Any], limit: int, known_tools: tuple[Any, int] | None) -> bool:
